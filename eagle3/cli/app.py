@@ -1,0 +1,42 @@
+"""``eagle3ctl``: the user's command. Commands parse, call a library function, print."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from eagle3.cli.common import ConfigOpt, RunIdOpt, StoreOpt, config_from, one_line_errors, run_app
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train EAGLE-3 drafters as manifest-checked stages.")
+
+
+@app.callback()
+def _root() -> None:
+    """eagle3ctl: run, inspect and verify EAGLE-3 drafter pipelines."""
+
+
+@app.command()
+@one_line_errors
+def verify(
+    config: ConfigOpt = None,
+    run_id: RunIdOpt = None,
+    store: StoreOpt = None,
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Stage(s) to verify; default all.")] = None,
+    deep: Annotated[bool, typer.Option("--deep", help="Also check sha256 and contents.")] = False,
+) -> None:
+    """Check the run's manifests; exit non-zero naming any missing, truncated or corrupted object."""
+    from eagle3.verify import verify_run
+
+    cfg = config_from(config, run_id, store)
+    ok = verify_run(cfg, stage or None, deep=deep, echo=typer.echo)
+    if not ok:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    run_app(app)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Shared CLI pieces: option aliases, config loading, and one-line errors."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional, TypeVar
+
+import typer
+
+from eagle3.config import PipelineConfig, load_config
+from eagle3.errors import Eagle3Error
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Pipeline config (YAML).")]
+RunIdOpt = Annotated[Optional[str], typer.Option("--run-id", help="Run id (overrides the config).")]
+StoreOpt = Annotated[Optional[str], typer.Option("--store", help="Store URI: file://PATH or s3://BUCKET/PREFIX.")]
+BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="local or kubernetes (overrides the config).")]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def config_from(config: Path | None, run_id: str | None = None, store: str | None = None, backend: str | None = None) -> PipelineConfig:
+    return load_config(config, {"run_id": run_id, "store.uri": store, "backend": backend})
+
+
+def fail(message: str, code: int = 1) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def one_line_errors(func: F) -> F:
+    """Known errors become 'error: …' and a non-zero exit; tracebacks only with EAGLE3_DEBUG=1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except Eagle3Error as e:
+            if os.environ.get("EAGLE3_DEBUG"):
+                raise
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def run_app(app: typer.Typer) -> None:
+    try:
+        app()
+    except SystemExit:
+        raise
+    except Exception as e:  # an unknown failure: still one line unless debugging
+        if os.environ.get("EAGLE3_DEBUG"):
+            raise
+        print(f"error: unexpected {type(e).__name__}: {e} (set EAGLE3_DEBUG=1 for the traceback)", file=sys.stderr)
+        sys.exit(1)

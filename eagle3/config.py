@@ -1,0 +1,164 @@
+"""The pipeline configuration: one YAML file plus ``EAGLE3_*`` environment overrides.
+
+Each component owns its settings model next to its code; this module only composes
+them and turns validation failures into one line that names the field.
+Nested env overrides use ``__``: ``EAGLE3_TRAIN__LR=3e-4``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from eagle3.data.settings import GenerateSettings
+from eagle3.drafter.settings import DrafterSettings
+from eagle3.errors import ConfigError
+from eagle3.evaluate.settings import EvaluateSettings
+from eagle3.extract.settings import ExtractSettings
+from eagle3.k8s.settings import KubernetesSettings
+from eagle3.serve.settings import ServeSettings
+from eagle3.targets.settings import TargetSettings
+from eagle3.train.settings import TrainSettings
+from eagle3.vocab.settings import VocabSettings
+
+_RUN_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
+
+
+class StoreSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    uri: str = Field("file://./eagle3-store", description="file://PATH (embedded default) or s3://BUCKET[/PREFIX].")
+    endpoint_url: str | None = Field(None, description="S3 endpoint for MinIO / Ceph / R2; default AWS (or AWS_ENDPOINT_URL).")
+    region: str | None = Field(None, description="S3 region.")
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        if not (v.startswith("file://") or v.startswith("s3://")):
+            raise ValueError("must start with file:// or s3://")
+        if v.startswith("s3://") and not v[5:].split("/")[0]:
+            raise ValueError("s3:// URI needs a bucket: s3://BUCKET[/PREFIX]")
+        return v
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("must be an http(s):// URL")
+        return v
+
+
+class PipelineConfig(BaseSettings):
+    """The whole run; validated before anything starts."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EAGLE3_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    run_id: str = Field("demo", description="Names the run: objects live under <store>/<run_id>/<stage>/.")
+    backend: str = Field("local", pattern="^(local|kubernetes)$", description="Where stages run.")
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    target: TargetSettings = Field(default_factory=TargetSettings)
+    serve: ServeSettings = Field(default_factory=ServeSettings)
+    generate: GenerateSettings = Field(default_factory=GenerateSettings)
+    vocab: VocabSettings = Field(default_factory=VocabSettings)
+    extract: ExtractSettings = Field(default_factory=ExtractSettings)
+    drafter: DrafterSettings = Field(default_factory=DrafterSettings)
+    train: TrainSettings = Field(default_factory=TrainSettings)
+    evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, v: str) -> str:
+        if not _RUN_ID.match(v):
+            raise ValueError("must be lowercase letters, digits and '-', at most 42 characters (it becomes a label)")
+        return v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Precedence: explicit overrides (CLI flags) > EAGLE3_* env > YAML file (passed as init).
+        return (env_settings, init_settings)
+
+
+def _format_error(e: ValidationError, source: str) -> str:
+    parts = []
+    for err in e.errors()[:3]:
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        parts.append(f"{loc}: {msg}")
+    more = f" (+{len(e.errors()) - 3} more)" if len(e.errors()) > 3 else ""
+    return f"invalid config {source}: " + "; ".join(parts) + more
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file {p}{where} is not valid YAML") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Load YAML (if any), apply ``EAGLE3_*`` env, then explicit overrides (e.g. ``--run-id``).
+
+    Overrides are dotted keys: ``{"store.uri": "s3://b/p"}``.
+    """
+    data = read_config_file(path) if path else {}
+    source = str(path) if path else "(defaults)"
+    nested: dict[str, Any] = {}
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        cur = nested
+        keys = dotted.split(".")
+        for k in keys[:-1]:
+            cur = cur.setdefault(k, {})
+        cur[keys[-1]] = value
+    try:
+        cfg = PipelineConfig(**data)
+        if nested:
+            merged = _deep_merge(cfg.model_dump(), nested)
+            # model_validate skips the settings sources: the env is already applied.
+            cfg = PipelineConfig.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e, source)) from None
+    return cfg
+
+
+def config_section_dump(cfg: PipelineConfig, sections: list[str]) -> dict[str, Any]:
+    """The parts of the config that matter to a stage, as plain JSON data (for input keys)."""
+    full = cfg.model_dump(mode="json")
+    return {s: full[s] for s in sections}

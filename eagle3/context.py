@@ -1,0 +1,125 @@
+"""What a running stage sees: its config, the store, verified upstream manifests, its output.
+
+``run_stage`` is the body of ``eagle3 stage NAME``, the one entrypoint every backend
+runs (as a subprocess locally, as the container command on Kubernetes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3.config import PipelineConfig
+from eagle3.errors import UpstreamMissing
+from eagle3.manifest import LoadedManifest, StageOutput, compute_input_key, stage_prefix, verify_stage
+from eagle3.stages import StageSpec, get_stage, stage_config
+from eagle3.store import ObjectStore, open_store
+
+PROGRESS_TAG = "EAGLE3_PROGRESS"
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+@dataclass
+class StageContext:
+    cfg: PipelineConfig
+    spec: StageSpec
+    store: ObjectStore
+    upstream: dict[str, LoadedManifest]
+    input_key: str
+    output: StageOutput | None  # None on ranks other than 0: they never write the store
+    scratch: Path
+    endpoint: str | None = None
+    _last_progress: float = field(default=0.0, repr=False)
+
+    @property
+    def run_id(self) -> str:
+        return self.cfg.run_id
+
+    def upstream_key(self, stage: str, name: str) -> str:
+        self.upstream[stage].manifest.object(name)  # must be listed: fail loudly otherwise
+        return f"{stage_prefix(self.run_id, stage)}/{name}"
+
+    def upstream_path(self, stage: str, name: str) -> Path:
+        """A local path to an upstream object (in place for file://, downloaded for s3://)."""
+        key = self.upstream_key(stage, name)
+        local = self.store.local_path(key)
+        if local is not None:
+            return local
+        dest = self.scratch / "upstream" / stage / name
+        if not dest.exists() or dest.stat().st_size != self.upstream[stage].manifest.object(name).size:
+            self.store.get_file(key, dest)
+        return dest
+
+    def upstream_bytes(self, stage: str, name: str) -> bytes:
+        return self.store.get_bytes(self.upstream_key(stage, name))
+
+    def upstream_json(self, stage: str, name: str) -> Any:
+        return json.loads(self.upstream_bytes(stage, name))
+
+    def progress(self, done: float, total: float | None, unit: str, force: bool = False, **extra: Any) -> None:
+        """Report progress (at most once a second) as a line the orchestrator parses."""
+        t = time.monotonic()
+        if not force and t - self._last_progress < 1.0:
+            return
+        self._last_progress = t
+        rec = {"stage": self.spec.name, "done": done, "total": total, "unit": unit, **extra}
+        print(f"{PROGRESS_TAG} {json.dumps(rec)}", file=sys.stderr, flush=True)
+
+
+def upstream_digests(cfg: PipelineConfig, spec: StageSpec, store: ObjectStore) -> dict[str, LoadedManifest]:
+    """Shallow-verify each upstream stage; raise one line naming the first that is not complete."""
+    out = {}
+    for up in spec.needs:
+        v = verify_stage(store, cfg.run_id, up)
+        if not v.complete:
+            raise UpstreamMissing(f"stage {spec.name} needs {up}, which is not complete: {v.reason}")
+        assert v.manifest is not None
+        out[up] = v.manifest
+    return out
+
+
+def stage_input_key(cfg: PipelineConfig, spec: StageSpec, upstream: dict[str, LoadedManifest]) -> str:
+    return compute_input_key(spec.name, stage_config(cfg, spec), {k: v.digest for k, v in upstream.items()})
+
+
+def open_run_store(cfg: PipelineConfig) -> ObjectStore:
+    store = open_store(cfg.store.uri, cfg.store.endpoint_url, cfg.store.region)
+    check = getattr(store, "check", None)
+    if check is not None:
+        check()
+    return store
+
+
+def run_stage(cfg: PipelineConfig, name: str, force: bool = False, endpoint: str | None = None) -> dict[str, Any] | None:
+    """Run one stage unless it is already complete for the same input key.
+
+    Returns the committed stats, or None when the stage was already complete.
+    """
+    spec = get_stage(name)
+    store = open_run_store(cfg)
+    upstream = upstream_digests(cfg, spec, store)
+    key = stage_input_key(cfg, spec, upstream)
+    if not force and verify_stage(store, cfg.run_id, name, input_key=key).complete:
+        print(f"stage {name}: already complete for this input key; skipping", file=sys.stderr)
+        return None
+    writer = rank() == 0
+    output = StageOutput(store, cfg.run_id, name, key, {k: v.digest for k, v in upstream.items()}) if writer else None
+    if output is not None:
+        if force:
+            store.delete(f"{stage_prefix(cfg.run_id, name)}/_attempt.json")
+        output.begin()
+    with tempfile.TemporaryDirectory(prefix=f"eagle3-{name}-") as tmp:
+        ctx = StageContext(cfg, spec, store, upstream, key, output, Path(tmp), endpoint=endpoint)
+        stats = spec.load_entry()(ctx)
+        if output is not None:
+            output.commit(stats)
+    return stats

@@ -1,0 +1,18 @@
+"""Settings of the evaluate stage: acceptance length on held-out prompts."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EvaluateSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompts: str | None = Field(None, description="Held-out prompts (same formats as generate); default the "
+                                "prompts that generate did not use, else the last samples of generate's prompts.")
+    num_prompts: int = Field(64, ge=1)
+    num_draft_tokens: int = Field(5, ge=1, description="k: draft tokens proposed per verification step.")
+    max_new_tokens: int = Field(256, ge=1)
+    engine: str = Field("hf", pattern="^(hf|vllm)$", description="hf: offline speculative decoding with transformers; "
+                        "vllm: serve target + drafter with speculative_config and read vLLM's metrics.")
+    device: str = Field("auto")

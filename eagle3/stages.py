@@ -1,0 +1,82 @@
+"""The stage registry: what each stage reads, which config matters to it, where it runs.
+
+This is data, not orchestration: the stage entrypoint uses it to compute input keys
+and check upstream manifests; the backends use it to build the DAG.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from eagle3.config import PipelineConfig
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    needs: tuple[str, ...]  # upstream stages whose manifests it reads
+    sections: tuple[str, ...]  # config sections that determine its outputs
+    resource: str  # "cpu" or "gpu": GPU stages get the node's GPUs exclusively
+    entry: str  # "module:function" taking a StageContext, returning stats
+    check: str | None  # "module:function" deep content check (store, manifest) -> problems
+    description: str
+    needs_endpoint: bool = False  # generate: needs the serve stage's endpoint
+
+    def load_entry(self) -> Callable[..., dict[str, Any]]:
+        return _load(self.entry)
+
+    def load_check(self) -> Callable[..., list[str]] | None:
+        return _load(self.check) if self.check else None
+
+
+def _load(path: str) -> Any:
+    module, func = path.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+STAGES: dict[str, StageSpec] = {
+    s.name: s
+    for s in [
+        StageSpec("generate", (), ("target", "generate"), "cpu", "eagle3.data.stage:run", "eagle3.data.stage:deep_check",
+                  "target responses to prompts, tokenized with loss masks", needs_endpoint=True),
+        StageSpec("vocab", ("generate",), ("vocab",), "cpu", "eagle3.vocab.stage:run", "eagle3.vocab.stage:deep_check",
+                  "draft vocab: top-N assistant tokens, d2t/t2d mapping"),
+        StageSpec("extract", ("generate",), ("target", "extract"), "gpu", "eagle3.extract.stage:run",
+                  "eagle3.extract.stage:deep_check", "aux + final hidden states of the target, in shards"),
+        StageSpec("train", ("extract", "vocab"), ("drafter", "train"), "gpu", "eagle3.train.stage:run",
+                  "eagle3.train.stage:deep_check", "EAGLE-3 drafter training with TTT"),
+        StageSpec("export", ("train", "extract", "vocab"), (), "cpu", "eagle3.export.stage:run",
+                  "eagle3.export.stage:deep_check", "vLLM/SGLang-loadable drafter directory"),
+        StageSpec("evaluate", ("export", "generate"), ("target", "evaluate"), "gpu", "eagle3.evaluate.stage:run",
+                  "eagle3.evaluate.stage:deep_check", "acceptance length on held-out prompts"),
+    ]
+}
+
+ORDER: tuple[str, ...] = tuple(STAGES)
+
+# Fields that change how a stage runs but not what it produces: excluded from input keys.
+VOLATILE_FIELDS = {
+    "target": {"cache_dir", "served_name"},
+    "generate": {"concurrency", "request_timeout_s", "max_retries", "part_size"},
+    "extract": {"device", "batch_tokens"},
+    "train": {"device", "checkpoint_every", "log_every"},
+    "evaluate": {"device"},
+}
+
+
+def stage_config(cfg: PipelineConfig, spec: StageSpec) -> dict[str, Any]:
+    full = cfg.model_dump(mode="json")
+    out = {}
+    for section in spec.sections:
+        out[section] = {k: v for k, v in full[section].items() if k not in VOLATILE_FIELDS.get(section, set())}
+    return out
+
+
+def get_stage(name: str) -> StageSpec:
+    from eagle3.errors import ConfigError
+
+    if name not in STAGES:
+        raise ConfigError(f"unknown stage {name!r}; stages are: {', '.join(STAGES)}")
+    return STAGES[name]

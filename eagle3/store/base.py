@@ -1,0 +1,135 @@
+"""The object-store interface shared by the local and S3 backends."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from eagle3.errors import StoreError
+
+_KEY_PART = re.compile(r"^[A-Za-z0-9._=+@,-]+$")
+CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    sha256: str
+
+
+def validate_key(key: str) -> str:
+    """Reject keys that could escape the store root or are ambiguous.
+
+    Keys are relative, '/'-separated, with no empty, '.' or '..' parts.
+    """
+    if not key or key.startswith("/") or "\\" in key:
+        raise StoreError(f"invalid object key {key!r}: keys are relative '/'-separated paths")
+    for part in key.split("/"):
+        if part in ("", ".", "..") or not _KEY_PART.match(part):
+            raise StoreError(f"invalid object key {key!r}: bad path part {part!r}")
+    return key
+
+
+class HashingWriter:
+    """A write-only stream that counts bytes and hashes them as they pass."""
+
+    def __init__(self, sink: BinaryIO | None = None) -> None:
+        self._sink = sink
+        self._sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        self._sha.update(data)
+        self.size += len(data)
+        if self._sink is not None:
+            self._sink.write(data)
+        return len(data)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+class ObjectStore(ABC):
+    """Keys are validated relative paths; values are immutable once written."""
+
+    uri: str
+
+    @abstractmethod
+    @contextmanager
+    def writer(self, key: str) -> Iterator[HashingWriter]:
+        """Yield a stream; the object appears atomically when the block exits cleanly.
+
+        After the block, ``stream.info`` holds the committed :class:`ObjectInfo`.
+        """
+
+    @abstractmethod
+    @contextmanager
+    def reader(self, key: str) -> Iterator[BinaryIO]:
+        """Yield a readable binary stream of the object."""
+
+    @abstractmethod
+    def size(self, key: str) -> int | None:
+        """Size in bytes, or None when the object does not exist."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Keys under ``prefix`` (a '/'-terminated folder), sorted."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete one object; deleting a missing object is not an error."""
+
+    def local_path(self, key: str) -> Path | None:
+        """A path readable in place, for stores on local disk; None otherwise."""
+        return None
+
+    # Conveniences built on the primitives above.
+
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+        with self.writer(key) as w:
+            w.write(data)
+        return w.info  # type: ignore[attr-defined]
+
+    def put_file(self, key: str, path: Path) -> ObjectInfo:
+        with self.writer(key) as w, open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                w.write(chunk)
+        return w.info  # type: ignore[attr-defined]
+
+    def get_bytes(self, key: str) -> bytes:
+        with self.reader(key) as r:
+            return r.read()
+
+    def get_file(self, key: str, path: Path) -> Path:
+        """Copy an object to a local file (no copy when the store is local)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self.reader(key) as r, open(path, "wb") as f:
+            while chunk := r.read(CHUNK):
+                f.write(chunk)
+        return path
+
+    def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def sha256(self, key: str) -> str:
+        h = hashlib.sha256()
+        with self.reader(key) as r:
+            while chunk := r.read(CHUNK):
+                h.update(chunk)
+        return h.hexdigest()
+
+    def delete_prefix(self, prefix: str) -> int:
+        keys = self.list(prefix)
+        for key in keys:
+            self.delete(key)
+        return len(keys)
+
+    def join(self, *parts: str) -> str:
+        return validate_key("/".join(p.strip("/") for p in parts if p))

@@ -1,0 +1,28 @@
+"""Settings of the train stage."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrainSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttt_steps: int = Field(7, ge=1, description="Training-time-test steps unrolled per sample.")
+    ttt_decay: float = Field(0.8, gt=0, le=1, description="Loss weight of step k is decay**k.")
+    epochs: float = Field(1.0, gt=0, description="Passes over the hidden-state shards.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    batch_tokens: int = Field(16384, ge=1, description="Tokens per optimizer step per process.")
+    max_seq_len: int = Field(4096, ge=8, description="Longer samples are cut.")
+    lr: float = Field(1e-4, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decays to lr·min_lr_ratio.")
+    warmup_steps: int = Field(100, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(0.5, gt=0)
+    checkpoint_every: int = Field(500, ge=1, description="Optimizer steps between checkpoints (and on SIGTERM).")
+    log_every: int = Field(10, ge=1)
+    seed: int = Field(0)
+    device: str = Field("auto", description="auto, cpu, cuda.")
+    nproc_per_node: int | str = Field("auto", description="torchrun processes per node (auto = GPUs, or 1 on CPU).")
+    strategy: str = Field("ddp", pattern="^(ddp|fsdp)$", description="ddp, or fsdp for large drafters.")
+    eval_fraction: float = Field(0.02, ge=0, lt=1, description="Share of samples held out for validation metrics.")
