@@ -1,0 +1,76 @@
+"""The interface between the scheduler and where stages run (local processes, Kubernetes).
+
+Backends know nothing about torch: they start ``eagle3 stage NAME`` somewhere, start and
+stop the serve endpoint, and report how a started stage ended. The scheduler
+(``eagle3.pipeline.scheduler``) decides what runs when, from the manifests in the store.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StageHandle:
+    """A started stage attempt (a local process, a Kubernetes Job)."""
+
+    stage: str
+    ref: str  # pid, or Job name
+    started_at: float
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class StageOutcome:
+    stage: str
+    succeeded: bool
+    reason: str = ""  # one line: exit code, OOMKilled, ImagePullBackOff, Pending: Insufficient nvidia.com/gpu…
+    log_tail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Progress:
+    """Latest progress a running stage reported (parsed from its EAGLE3_PROGRESS lines)."""
+
+    done: float = 0.0
+    total: float | None = None
+    unit: str = ""
+    rate: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Backend(ABC):
+    name: str
+
+    @abstractmethod
+    def start_serve(self) -> str:
+        """Start the target's OpenAI-compatible server; return its base URL (…/v1) once ready."""
+
+    @abstractmethod
+    def stop_serve(self) -> None:
+        """Stop the server and return only once its GPUs are free (pods gone / process exited)."""
+
+    @abstractmethod
+    def submit(self, stage: str, endpoint: str | None = None) -> StageHandle:
+        """Start ``eagle3 stage <stage>`` for this run."""
+
+    @abstractmethod
+    def poll(self, handle: StageHandle) -> StageOutcome | None:
+        """None while running; the outcome once finished. Never blocks for long."""
+
+    @abstractmethod
+    def progress(self, handle: StageHandle) -> Progress | None:
+        """Latest progress reported by the running stage, if any."""
+
+    @abstractmethod
+    def cancel(self, handle: StageHandle) -> None:
+        """Stop a running stage cleanly (SIGTERM, then kill after a grace period / delete the Job)."""
+
+    @abstractmethod
+    def logs(self, stage: str, follow: bool = False, tail: int | None = None) -> list[str]:
+        """Log lines of the stage's latest attempt."""
+
+    @abstractmethod
+    def down(self) -> list[str]:
+        """Remove everything this run started; return what was removed."""
