@@ -1,0 +1,1 @@
+from tests.fixtures_s3 import *  # noqa
