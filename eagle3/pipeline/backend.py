@@ -3,6 +3,12 @@
 Backends know nothing about torch: they start ``eagle3 stage NAME`` somewhere, start and
 stop the serve endpoint, and report how a started stage ended. The scheduler
 (``eagle3.pipeline.scheduler``) decides what runs when, from the manifests in the store.
+
+Changes since the first version (additive only; implementations need not change):
+- ``Backend.gpu_count()`` (not abstract, default 0): GPUs a GPU stage or the server holds,
+  used for the GPU-hours column. The Kubernetes backend should return gpus_per_node × nodes.
+- ``--force STAGE`` never reaches ``submit``: the scheduler uncommits the stage in the store
+  (deletes its manifest and attempt marker) before submitting it, so every backend gets it.
 """
 
 from __future__ import annotations
@@ -74,3 +80,7 @@ class Backend(ABC):
     @abstractmethod
     def down(self) -> list[str]:
         """Remove everything this run started; return what was removed."""
+
+    def gpu_count(self) -> int:
+        """GPUs a GPU stage (or the server) holds on this backend; 0 on CPU-only machines."""
+        return 0

@@ -1,0 +1,388 @@
+"""Run the stages as a DAG with resource classes, deciding from the manifests what to run.
+
+The DAG and resource classes come from ``eagle3.stages``. The rules:
+
+- A stage is considered once every upstream stage is done (or skipped) in this run; its
+  input key is then computed exactly as the stage itself does (``eagle3.context``), and a
+  stage whose manifest is complete for that key is skipped, saying so.
+- ``serve`` is a service node, not a manifest stage: started only when a stage that needs
+  the endpoint must run and no ``serve.endpoint`` is configured; stopped, and confirmed
+  stopped, as soon as no such stage is left, before any GPU stage is submitted.
+- GPU stages hold the node's GPUs exclusively: they never overlap each other or the
+  server. CPU stages run alongside anything (``vocab`` runs while ``extract`` does).
+- A failed stage blocks its dependents; independent stages still run to the end.
+- Ctrl-C / SIGTERM (KeyboardInterrupt here) cancels every running stage and the server;
+  the next run resumes, each stage from its own partial progress.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable
+
+from eagle3.config import PipelineConfig
+from eagle3.context import stage_input_key, upstream_digests
+from eagle3.errors import ConfigError, Eagle3Error
+from eagle3.manifest import ATTEMPT, MANIFEST, stage_prefix, verify_stage
+from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
+from eagle3.pipeline.runstate import RunState
+from eagle3.stages import ORDER, STAGES
+from eagle3.store import ObjectStore
+
+TERMINAL = ("skipped", "done", "failed", "blocked", "excluded", "stopped")
+FINISHED_OK = ("skipped", "done")
+
+
+@dataclass
+class StageRow:
+    """One stage as the live table and state.json show it."""
+
+    name: str
+    resource: str  # cpu | gpu
+    state: str = "pending"  # pending waiting running skipped done failed blocked excluded stopped
+    reason: str = ""
+    started_at: float | None = None
+    ended_at: float | None = None
+    progress: Progress | None = None
+    gpus: int = 0
+    handle: StageHandle | None = None
+    log_tail: list[str] = field(default_factory=list)
+
+    def elapsed(self, now: float) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.ended_at or now) - self.started_at
+
+    def gpu_hours(self, now: float) -> float | None:
+        e = self.elapsed(now)
+        return None if e is None or not self.gpus else e * self.gpus / 3600
+
+
+@dataclass
+class ServeRow:
+    """The endpoint: idle, starting, running, stopping, stopped, failed, or external."""
+
+    state: str = "idle"
+    url: str | None = None
+    reason: str = ""
+    started_at: float | None = None
+    ready_at: float | None = None
+    ended_at: float | None = None
+    gpus: int = 0
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.state in ("starting", "running", "stopping")
+
+
+@dataclass
+class Selection:
+    """Which stages this run may run: ``--from`` X and its dependents, ``--until`` Y and its upstreams."""
+
+    start: str | None = None
+    until: str | None = None
+    only: tuple[str, ...] = ()  # `run stage NAME`
+    force: tuple[str, ...] = ()
+
+    def stages(self) -> set[str]:
+        for name in (self.start, self.until, *self.only, *self.force):
+            if name is not None and name not in STAGES:
+                raise ConfigError(f"unknown stage {name!r}; stages are: {', '.join(ORDER)}")
+        chosen = set(ORDER)
+        if self.only:
+            chosen = set(self.only)
+        if self.start:
+            chosen &= {self.start} | descendants(self.start)
+        if self.until:
+            chosen &= {self.until} | ancestors(self.until)
+        bad = [f for f in self.force if f not in chosen]
+        if bad:
+            raise ConfigError(f"--force {bad[0]}: the stage is outside the stages selected to run")
+        return chosen
+
+
+def ancestors(stage: str) -> set[str]:
+    out: set[str] = set()
+    for up in STAGES[stage].needs:
+        out |= {up} | ancestors(up)
+    return out
+
+
+def descendants(stage: str) -> set[str]:
+    out: set[str] = set()
+    for name, spec in STAGES.items():
+        if stage in spec.needs:
+            out |= {name} | descendants(name)
+    return out
+
+
+@dataclass
+class RunResult:
+    rows: dict[str, StageRow]
+    serve: ServeRow
+    failures: list[StageOutcome]
+    interrupted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.interrupted and all(r.state in FINISHED_OK + ("excluded",) for r in self.rows.values())
+
+
+def _when(iso: str) -> str:
+    try:
+        return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return iso
+
+
+class Scheduler:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        backend: Backend,
+        store: ObjectStore,
+        selection: Selection | None = None,
+        state: RunState | None = None,
+        on_change: Callable[[Scheduler, str], None] | None = None,
+        poll_interval: float = 0.5,
+    ) -> None:
+        self.cfg, self.backend, self.store = cfg, backend, store
+        self.selection = selection or Selection()
+        self.selected = self.selection.stages()
+        self.state = state
+        self.on_change = on_change or (lambda s, msg: None)
+        self.poll_interval = poll_interval
+        self.rows = {n: StageRow(n, STAGES[n].resource) for n in ORDER}
+        self.serve = ServeRow(state="external", url=cfg.serve.endpoint) if cfg.serve.endpoint else ServeRow()
+        self.failures: list[StageOutcome] = []
+        self._serve_thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # -- bookkeeping -----------------------------------------------------------------
+
+    def _set(self, name: str, state: str, reason: str = "") -> None:
+        row = self.rows[name]
+        row.state, row.reason = state, reason
+        if self.state is not None:
+            self.state.update("stages", name, state=state, reason=reason, started_at=row.started_at,
+                              ended_at=row.ended_at, resource=row.resource, gpus=row.gpus,
+                              ref=row.handle.ref if row.handle else None,
+                              extra=row.handle.extra if row.handle else {})
+        self.on_change(self, f"{name}: {state}" + (f" ({reason})" if reason else ""))
+
+    def _set_serve(self, state: str, reason: str = "") -> None:
+        self.serve.state, self.serve.reason = state, reason
+        if self.state is not None:
+            s = self.serve
+            self.state.update("serve", None, state=state, reason=reason, url=s.url, started_at=s.started_at,
+                              ready_at=s.ready_at, ended_at=s.ended_at)
+        self.on_change(self, f"serve: {state}" + (f" ({reason})" if reason else ""))
+
+    # -- the loop --------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        for name in ORDER:
+            if name not in self.selected:
+                self._plan_excluded(name)
+        try:
+            while True:
+                self._poll_running()
+                self._advance()
+                self._manage_serve()
+                if self._finished():
+                    break
+                time.sleep(self.poll_interval)
+        except KeyboardInterrupt:
+            self._shutdown()
+            return RunResult(self.rows, self.serve, self.failures, interrupted=True)
+        except BaseException:
+            self._shutdown()
+            raise
+        self._stop_serve_now()
+        return RunResult(self.rows, self.serve, self.failures)
+
+    def _finished(self) -> bool:
+        busy_serve = self.serve.state in ("starting", "stopping") or (self.serve.state == "running" and self._endpoint_needed())
+        return not busy_serve and all(r.state in TERMINAL for r in self.rows.values())
+
+    def _plan_excluded(self, name: str) -> None:
+        """A stage outside --from/--until: usable by later stages only if already complete."""
+        ups = [self.rows[u] for u in STAGES[name].needs]
+        if all(u.state in FINISHED_OK for u in ups):
+            complete, why = self._complete(name)
+            if complete:
+                self.rows[name].state, self.rows[name].reason = "skipped", f"outside the selected stages; {why}"
+                self.on_change(self, f"{name}: skipped ({self.rows[name].reason})")
+                return
+        self.rows[name].state, self.rows[name].reason = "excluded", "outside the selected stages; not complete"
+        self.on_change(self, f"{name}: excluded ({self.rows[name].reason})")
+
+    def _complete(self, name: str) -> tuple[bool, str]:
+        """Complete for the input key the stage would compute now? Upstreams must be complete."""
+        spec = STAGES[name]
+        upstream = upstream_digests(self.cfg, spec, self.store)
+        key = stage_input_key(self.cfg, spec, upstream)
+        v = verify_stage(self.store, self.cfg.run_id, name, input_key=key)
+        if v.complete and v.manifest is not None:
+            return True, f"complete, input key matches manifest of {_when(v.manifest.manifest.finished_at)}"
+        return False, v.reason
+
+    def _advance(self) -> None:
+        for name in ORDER:
+            row = self.rows[name]
+            if row.state not in ("pending", "waiting"):
+                continue
+            ups = [self.rows[u] for u in STAGES[name].needs]
+            bad = [u for u in ups if u.state in ("failed", "blocked", "excluded", "stopped")]
+            if bad:
+                self._set(name, "blocked", f"needs {bad[0].name}, which {'is outside the selected stages and not complete' if bad[0].state == 'excluded' else bad[0].state}")
+                continue
+            if not all(u.state in FINISHED_OK for u in ups):
+                continue
+            if row.state == "pending":
+                if name not in self.selection.force:
+                    try:
+                        complete, why = self._complete(name)
+                    except Eagle3Error as e:
+                        self._fail(StageOutcome(name, False, str(e)))
+                        continue
+                    if complete:
+                        self._set(name, "skipped", why)
+                        continue
+                self._set(name, "waiting", "ready")
+            self._try_start(name)
+
+    def _try_start(self, name: str) -> None:
+        spec = STAGES[name]
+        endpoint = None
+        if spec.needs_endpoint:
+            if self.serve.state in ("external", "running"):
+                endpoint = self.serve.url
+            elif self.serve.state == "failed":
+                self._fail(StageOutcome(name, False, f"the serve endpoint did not start: {self.serve.reason}"))
+                return
+            else:
+                self._wait(name, "waiting for the serve endpoint")
+                return
+        if spec.resource == "gpu":
+            holder = next((r.name for r in self.rows.values() if r.resource == "gpu" and r.state == "running"), None)
+            if holder is None and (self.serve.holds_gpus or (self.serve.state != "external" and self._endpoint_needed())):
+                holder = "serve"
+            if holder is not None:
+                self._wait(name, f"waiting for the GPUs (held by {holder})")
+                return
+        if name in self.selection.force:
+            # Uncommit so the stage reruns from scratch on any backend; dependents' keys change with it.
+            self.store.delete(f"{stage_prefix(self.cfg.run_id, name)}/{MANIFEST}")
+            self.store.delete(f"{stage_prefix(self.cfg.run_id, name)}/{ATTEMPT}")
+        row = self.rows[name]
+        row.started_at, row.ended_at = time.time(), None
+        row.gpus = self.backend.gpu_count() if spec.resource == "gpu" else 0
+        try:
+            row.handle = self.backend.submit(name, endpoint=endpoint)
+        except Eagle3Error as e:
+            row.ended_at = time.time()
+            self._fail(StageOutcome(name, False, str(e)))
+            return
+        self._set(name, "running")
+
+    def _wait(self, name: str, reason: str) -> None:
+        if self.rows[name].reason != reason:
+            self._set(name, "waiting", reason)
+
+    def _fail(self, outcome: StageOutcome) -> None:
+        row = self.rows[outcome.stage]
+        row.ended_at = row.ended_at or time.time()
+        row.log_tail = outcome.log_tail
+        self.failures.append(outcome)
+        self._set(outcome.stage, "failed", outcome.reason)
+
+    def _poll_running(self) -> None:
+        for row in self.rows.values():
+            if row.state != "running" or row.handle is None:
+                continue
+            outcome = self.backend.poll(row.handle)
+            if outcome is None:
+                row.progress = self.backend.progress(row.handle) or row.progress
+                continue
+            row.ended_at = time.time()
+            row.progress = self.backend.progress(row.handle) or row.progress
+            if outcome.succeeded:
+                self._set(row.name, "done")
+            else:
+                self._fail(outcome)
+
+    # -- the server ------------------------------------------------------------------
+
+    def _endpoint_needed(self) -> bool:
+        """Is a stage that needs the endpoint still to run (or running)?"""
+        return any(STAGES[n].needs_endpoint and r.state in ("pending", "waiting", "running") for n, r in self.rows.items())
+
+    def _manage_serve(self) -> None:
+        if self.serve.state == "external":
+            return
+        wanted = any(STAGES[n].needs_endpoint and r.state == "waiting" for n, r in self.rows.items())
+        if self.serve.state == "idle" and wanted:
+            self._start_serve_async()
+        elif self.serve.state == "running" and not self._endpoint_needed():
+            self._stop_serve_async()
+
+    def _start_serve_async(self) -> None:
+        self.serve.started_at = time.time()
+        self.serve.gpus = self.backend.gpu_count()
+        self._set_serve("starting")
+
+        def work() -> None:
+            try:
+                url = self.backend.start_serve()
+            except Exception as e:  # noqa: BLE001 - any failure is reported as the serve row's reason
+                with self._lock:
+                    if self.serve.state == "starting":
+                        self.serve.ended_at = time.time()
+                        self._set_serve("failed", str(e) or type(e).__name__)
+                return
+            with self._lock:
+                if self.serve.state == "starting":
+                    self.serve.url, self.serve.ready_at = url, time.time()
+                    self._set_serve("running")
+
+        self._serve_thread = threading.Thread(target=work, name="eagle3-serve-start", daemon=True)
+        self._serve_thread.start()
+
+    def _stop_serve_async(self) -> None:
+        self._set_serve("stopping")
+
+        def work() -> None:
+            try:
+                self.backend.stop_serve()
+            finally:
+                with self._lock:
+                    self.serve.ended_at = time.time()
+                    self._set_serve("stopped")
+
+        self._serve_thread = threading.Thread(target=work, name="eagle3-serve-stop", daemon=True)
+        self._serve_thread.start()
+
+    def _stop_serve_now(self) -> None:
+        if self.serve.state in ("starting", "running"):
+            with self._lock:
+                self.serve.state = "stopping"
+            self.backend.stop_serve()
+            self.serve.ended_at = time.time()
+            self._set_serve("stopped")
+        if self._serve_thread is not None:
+            self._serve_thread.join()
+
+    def _shutdown(self) -> None:
+        """Ctrl-C / SIGTERM: stop every running stage and the server, then return."""
+        for row in self.rows.values():
+            if row.state == "running" and row.handle is not None:
+                self.backend.cancel(row.handle)
+                row.ended_at = time.time()
+                self._set(row.name, "stopped", "interrupted; the next run resumes it")
+            elif row.state in ("pending", "waiting"):
+                self._set(row.name, "stopped", "interrupted before it started")
+        self._stop_serve_now()

@@ -1,0 +1,137 @@
+"""The scheduler's order, concurrency, failure handling and skipping, from recorded times."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagle3.config import load_config
+from eagle3.errors import ConfigError
+from eagle3.pipeline.runstate import RunState
+from eagle3.pipeline.scheduler import Scheduler, Selection
+from eagle3.stages import ORDER, STAGES
+from eagle3.store import open_store
+from tests.pipeline.fakes import FakeBackend
+
+DURATIONS = {"generate": 0.1, "vocab": 0.4, "extract": 0.2, "train": 0.1, "export": 0.05, "evaluate": 0.05}
+
+
+def setup(tmp_path: Path, **cfg_over):
+    cfg = load_config(None, {"store.uri": f"file://{tmp_path / 'store'}", "run_id": "t1", **cfg_over})
+    store = open_store(cfg.store.uri)
+    return cfg, store
+
+
+def run(cfg, store, tmp_path, selection=None, **kw):
+    backend = FakeBackend(cfg, store, durations=dict(DURATIONS), **kw)
+    state = RunState(tmp_path / "state")
+    result = Scheduler(cfg, backend, store, selection, state=state, poll_interval=0.01).run()
+    return backend, result, state
+
+
+def test_runs_in_dag_order_with_vocab_overlapping_extract(tmp_path):
+    cfg, store = setup(tmp_path)
+    b, result, state = run(cfg, store, tmp_path)
+    assert result.ok, result.failures
+    assert sorted(b.submitted) == sorted(ORDER)
+    for name in ORDER:
+        for up in STAGES[name].needs:
+            assert b.runs[up].end <= b.runs[name].start, f"{name} started before {up} ended"
+    vocab, extract = b.runs["vocab"], b.runs["extract"]
+    assert vocab.start < extract.end and extract.start < vocab.end, "vocab should run while extract does"
+    # Serve: started once, for generate only, confirmed stopped before the first GPU stage.
+    (serve,) = b.serve_runs
+    assert serve.end is not None and serve.end <= extract.start
+    assert serve.end >= b.runs["generate"].end
+    assert b.endpoints["generate"] == "http://fake:8000/v1"
+    # GPU stages never overlap each other.
+    gpu = sorted((b.runs[n].start, b.runs[n].end) for n in ORDER if STAGES[n].resource == "gpu")
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(gpu, gpu[1:]))
+    # The state file records the same story for other shells.
+    assert {n: s["state"] for n, s in state.read(state.dir)["stages"].items()} == {n: "done" for n in ORDER}
+    assert state.read(state.dir)["serve"]["state"] == "stopped"
+    assert result.rows["train"].gpu_hours(0) > 0 and result.rows["vocab"].gpu_hours(0) is None
+
+
+def test_failure_blocks_dependents_and_lets_independent_stages_finish(tmp_path):
+    cfg, store = setup(tmp_path)
+    b, result, _ = run(cfg, store, tmp_path, fail={"extract"})
+    states = {n: r.state for n, r in result.rows.items()}
+    assert states == {"generate": "done", "vocab": "done", "extract": "failed", "train": "blocked",
+                      "export": "blocked", "evaluate": "blocked"}
+    assert [f.stage for f in result.failures] == ["extract"]
+    assert result.failures[0].log_tail[-1] == "error: simulated failure"
+    assert "needs extract, which failed" in result.rows["train"].reason
+    assert not result.ok
+
+
+def test_rerun_of_a_complete_pipeline_skips_every_stage_saying_why(tmp_path):
+    cfg, store = setup(tmp_path)
+    run(cfg, store, tmp_path)
+    b, result, _ = run(cfg, store, tmp_path)
+    assert result.ok and b.submitted == [] and b.serve_runs == []
+    for row in result.rows.values():
+        assert row.state == "skipped"
+        assert row.reason.startswith("complete, input key matches manifest of ")
+
+
+def test_config_change_reruns_the_stage_and_its_dependents_only(tmp_path):
+    cfg, store = setup(tmp_path)
+    run(cfg, store, tmp_path)
+    cfg2, _ = setup(tmp_path, **{"vocab.draft_vocab_size": 100})
+    b, result, _ = run(cfg2, store, tmp_path)
+    assert result.ok
+    assert sorted(b.submitted) == ["evaluate", "export", "train", "vocab"]
+    assert b.serve_runs == []
+
+
+def test_force_reruns_the_stage_and_therefore_its_dependents(tmp_path):
+    cfg, store = setup(tmp_path)
+    run(cfg, store, tmp_path)
+    b, result, _ = run(cfg, store, tmp_path, Selection(force=("extract",)))
+    assert result.ok
+    assert sorted(b.submitted) == ["evaluate", "export", "extract", "train"]
+
+
+def test_from_and_until_bound_the_stages_run(tmp_path):
+    cfg, store = setup(tmp_path)
+    b, result, _ = run(cfg, store, tmp_path, Selection(until="vocab"))
+    assert sorted(b.submitted) == ["generate", "vocab"]
+    assert result.rows["train"].state == "excluded" and result.ok
+    b, result, _ = run(cfg, store, tmp_path, Selection(start="extract"))
+    assert sorted(b.submitted) == ["evaluate", "export", "extract", "train"]
+    assert result.rows["generate"].state == "skipped" and result.ok
+
+
+def test_a_stage_whose_upstream_is_outside_the_selection_and_incomplete_is_blocked(tmp_path):
+    cfg, store = setup(tmp_path)
+    b, result, _ = run(cfg, store, tmp_path, Selection(only=("vocab",)))
+    assert b.submitted == [] and result.rows["vocab"].state == "blocked"
+    assert "needs generate, which is outside the selected stages" in result.rows["vocab"].reason
+
+
+def test_an_external_endpoint_starts_no_server(tmp_path):
+    cfg, store = setup(tmp_path, **{"serve.endpoint": "http://elsewhere:9000/v1"})
+    b, result, _ = run(cfg, store, tmp_path, Selection(until="generate"))
+    assert result.ok and b.serve_runs == []
+    assert b.endpoints["generate"] == "http://elsewhere:9000/v1"
+
+
+def test_interrupt_cancels_running_stages_and_stops_the_server(tmp_path):
+    cfg, store = setup(tmp_path)
+    b, result, state = run(cfg, store, tmp_path, interrupt_after=0.2)
+    assert result.interrupted and not result.ok
+    assert b.cancelled, "a running stage should have been cancelled"
+    assert all(s.end is not None for s in b.serve_runs)
+    assert all(r.state in ("done", "stopped", "skipped") for r in result.rows.values())
+    # The next run resumes and completes.
+    b2, result2, _ = run(cfg, store, tmp_path)
+    assert result2.ok and not (set(b2.submitted) & {n for n, r in result.rows.items() if r.state == "done"})
+
+
+def test_bad_stage_names_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown stage 'trian'"):
+        Selection(start="trian").stages()
+    with pytest.raises(ConfigError, match="--force generate"):
+        Selection(start="extract", force=("generate",)).stages()
