@@ -1,0 +1,229 @@
+"""The extract stage: aux + final hidden states of the target over the tokenized samples.
+
+Shards stream to the store one at a time (host memory and local disk bounded by one
+shard). Shard boundaries are a pure function of sample lengths and ``shard_tokens``, so
+a rerun with the same input key adopts the shards a killed attempt finished and
+computes only the rest: no sample is lost or written twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import torch
+
+from eagle3.context import StageContext
+from eagle3.data.tokenized import TOKENIZED, read_tokenized
+from eagle3.errors import StageError
+from eagle3.extract.batching import plan_shards
+from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+from eagle3.extract.run import ShardStats, extract_shard
+from eagle3.extract.shards import INDEX, SHARD_DIR, STORAGE_DTYPES, TARGET_HEAD, read_shard, shard_name, write_shard
+from eagle3.manifest import Manifest
+from eagle3.store import ObjectStore
+from eagle3.targets.aux_layers import resolve_aux_layer_ids
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise StageError(f"device {name!r} requested but CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def target_dtype(setting: str, device: torch.device) -> torch.dtype:
+    if setting == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[setting]
+
+
+def text_config(config: Any) -> Any:
+    """The language model's config (multimodal targets such as Kimi-K2.5 nest it)."""
+    return getattr(config, "text_config", None) or config
+
+
+def aux_ids_for(target_settings: Any, num_layers: int) -> list[int]:
+    try:
+        return resolve_aux_layer_ids(target_settings.aux_layer_ids, num_layers)
+    except ValueError as e:
+        raise StageError(f"target.aux_layer_ids: {e}") from None
+
+
+def bytes_per_token(hidden_size: int, storage_dtype: str) -> int:
+    """Hidden-state bytes one token costs in a shard (aux 3H + final H, plus fp8 scales)."""
+    if storage_dtype == "float8_e4m3fn":
+        return 4 * hidden_size + 4 * 4
+    return 4 * hidden_size * STORAGE_DTYPES[storage_dtype].itemsize
+
+
+def target_head(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """embed_tokens + lm_head in the target's dtype, so train never loads the full target."""
+    embed = model.get_input_embeddings().weight.detach()
+    head = model.get_output_embeddings().weight.detach()
+    # clone: tied weights share storage, which safetensors refuses to save twice.
+    return {"embed_tokens.weight": embed.cpu().clone(), "lm_head.weight": head.cpu().clone()}
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    from eagle3.targets.load import load_target_config, load_target_model, num_layers, target_vocab_size
+
+    settings, tset = ctx.cfg.extract, ctx.cfg.target
+    out = ctx.output
+    if out is None:  # only rank 0 writes; multi-process extraction is not split yet
+        return {}
+    data = read_tokenized(ctx.upstream_path("generate", TOKENIZED))
+    if len(data) == 0:
+        raise StageError("generate produced no tokenized samples: nothing to extract")
+    config = load_target_config(tset)
+    n_layers, vocab = num_layers(config), target_vocab_size(config)
+    hidden = int(text_config(config).hidden_size)
+    aux_ids = aux_ids_for(tset, n_layers)
+    problems = data.validate(vocab)
+    if problems:
+        raise StageError(f"generate/{TOKENIZED}: {problems[0]}")
+
+    plans = plan_shards(data.lengths(), settings.shard_tokens)
+    recovered = out.recovered(SHARD_DIR + "/")
+    todo = [p for p in plans if shard_name(p.index) not in recovered]
+    for p in plans:
+        if shard_name(p.index) in recovered:
+            out.adopt(shard_name(p.index))
+    head_done = TARGET_HEAD in out.recovered(TARGET_HEAD)
+    if head_done:
+        out.adopt(TARGET_HEAD)
+
+    stats = ShardStats()
+    new_tokens = sum(p.num_tokens for p in todo)
+    if todo or not head_done:
+        device = resolve_device(settings.device)
+        model = load_target_model(tset, device, target_dtype(tset.dtype, device))
+        model.eval()
+        if not head_done:
+            path = ctx.scratch / TARGET_HEAD
+            from safetensors.torch import save_file
+
+            save_file(target_head(model), str(path))
+            out.put_file(TARGET_HEAD, path)
+            path.unlink()
+        stack = find_decoder_stack(model, n_layers)
+        done = sum(p.num_tokens for p in plans) - new_tokens
+        t0 = time.perf_counter()
+        with HiddenCapture(stack, aux_ids) as capture:
+            for p in todo:
+                shard = extract_shard(capture, data, p, hidden, settings.batch_tokens, settings.storage_dtype, stats)
+                path = ctx.scratch / f"shard-{p.index:06d}.safetensors"
+                write_shard(path, shard)
+                del shard
+                out.put_file(shard_name(p.index), path)
+                path.unlink()
+                done += p.num_tokens
+                ctx.progress(done, data.num_tokens, "tokens", shard=p.index,
+                             tokens_per_s=round(stats.real_tokens / max(time.perf_counter() - t0, 1e-9), 1))
+        wall = time.perf_counter() - t0
+    else:
+        wall = 0.0
+
+    index = {
+        "format": "eagle3.hidden.v1",
+        "target_model": tset.model,
+        "aux_layer_ids": aux_ids,
+        "final_hidden": "after_final_norm",
+        "hidden_size": hidden,
+        "num_layers": n_layers,
+        "target_vocab_size": vocab,
+        "storage_dtype": settings.storage_dtype,
+        "num_samples": len(data),
+        "num_tokens": data.num_tokens,
+        "shards": [{"name": shard_name(p.index), "num_samples": p.end - p.first, "num_tokens": p.num_tokens}
+                   for p in plans],
+    }
+    out.put_json(INDEX, index, journal=False)
+    padding = 1 - stats.real_tokens / stats.padded_tokens if stats.padded_tokens else 0.0
+    return {
+        "aux_layer_ids": aux_ids,
+        "storage_dtype": settings.storage_dtype,
+        "hidden_bytes_per_token": bytes_per_token(hidden, settings.storage_dtype),
+        "samples": len(data),
+        "tokens": data.num_tokens,
+        "shards": len(plans),
+        "shards_adopted": len(plans) - len(todo),
+        "tokens_extracted": stats.real_tokens,
+        "forward_s": round(stats.forward_s, 3),
+        "extract_wall_s": round(wall, 3),
+        "tokens_per_s": round(stats.real_tokens / wall, 1) if wall else None,
+        "padding_ratio": round(padding, 4),
+    }
+
+
+def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:
+    """Every shard's tensors agree; the index covers generate's samples; aux ids resolve."""
+    prefix = f"{manifest.run_id}/extract"
+    problems: list[str] = []
+    try:
+        index = json.loads(store.get_bytes(f"{prefix}/{INDEX}"))
+    except ValueError:
+        return [f"extract/{INDEX} does not parse"]
+    hidden = index.get("hidden_size")
+    seen: set[int] = set()
+    tokens = samples = 0
+    for entry in index.get("shards", []):
+        name = entry["name"]
+        if name not in manifest.keys(SHARD_DIR + "/"):
+            problems.append(f"index lists {name}, the manifest does not")
+            continue
+        local = store.local_path(f"{prefix}/{name}")
+        if local is None:
+            import tempfile
+            from pathlib import Path
+
+            local = Path(tempfile.mkdtemp()) / "shard.safetensors"
+            store.get_file(f"{prefix}/{name}", local)
+        shard = read_shard(local)
+        problems += [f"{name}: {p}" for p in shard.validate(hidden)]
+        if shard.num_tokens != entry["num_tokens"] or shard.num_samples != entry["num_samples"]:
+            problems.append(f"{name}: holds {shard.num_samples} samples / {shard.num_tokens} tokens, index says "
+                            f"{entry['num_samples']} / {entry['num_tokens']}")
+        if shard.storage_dtype != index.get("storage_dtype"):
+            problems.append(f"{name}: stored as {shard.storage_dtype}, index says {index.get('storage_dtype')}")
+        dup = seen.intersection(shard.sample_ids.tolist())
+        if dup:
+            problems.append(f"{name}: sample ids {sorted(dup)[:5]} appear in an earlier shard")
+        seen.update(shard.sample_ids.tolist())
+        tokens += shard.num_tokens
+        samples += shard.num_samples
+    if tokens != index.get("num_tokens") or samples != index.get("num_samples"):
+        problems.append(f"shards hold {samples} samples / {tokens} tokens, index says "
+                        f"{index.get('num_samples')} / {index.get('num_tokens')}")
+    gen = _generate_samples(store, manifest)
+    if gen is not None and gen != samples:
+        problems.append(f"shards hold {samples} samples, generate committed {gen}")
+    layers, ids = index.get("num_layers"), index.get("aux_layer_ids")
+    if layers is not None and ids is not None:
+        try:
+            if ids != resolve_aux_layer_ids(ids, layers):
+                problems.append(f"aux_layer_ids {ids} do not resolve for {layers} layers")
+        except ValueError as e:
+            problems.append(f"aux_layer_ids: {e}")
+    if manifest.stats.get("aux_layer_ids") != ids:
+        problems.append(f"manifest stats aux_layer_ids {manifest.stats.get('aux_layer_ids')} != index {ids}")
+    return problems
+
+
+def _generate_samples(store: ObjectStore, manifest: Manifest) -> int | None:
+    """Sample count of the generate stage this extract read (its tokenized file)."""
+    from eagle3.manifest import read_manifest
+
+    gen = read_manifest(store, manifest.run_id, "generate")
+    if gen is None:
+        return None
+    key = f"{manifest.run_id}/generate/{TOKENIZED}"
+    local = store.local_path(key)
+    if local is None or not local.exists():
+        return gen.manifest.stats.get("samples")
+    from safetensors import safe_open
+
+    with safe_open(str(local), framework="pt") as f:
+        return int(f.get_slice("sample_ids").get_shape()[0])
