@@ -17,7 +17,7 @@ from eagle3.store.base import HashingWriter, ObjectInfo, ObjectStore, validate_k
 PART_SIZE = 16 << 20  # S3 minimum is 5 MiB; 16 MiB keeps 10,000 parts ≥ 160 GB objects
 
 
-def _client(endpoint_url: str | None, region: str | None, max_attempts: int) -> Any:
+def _client(endpoint_url: str | None, region: str | None, max_attempts: int, connect_timeout: float = 10) -> Any:
     import boto3
     from botocore.config import Config
 
@@ -26,10 +26,13 @@ def _client(endpoint_url: str | None, region: str | None, max_attempts: int) -> 
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
         retries={"max_attempts": max_attempts, "mode": "adaptive"},
-        connect_timeout=10,
+        connect_timeout=connect_timeout,
         read_timeout=120,
     )
-    return boto3.client("s3", endpoint_url=endpoint_url, region_name=region or "us-east-1", config=cfg)
+    # A session per store: boto3's module-level default session caches the credentials it
+    # first resolved, so a later store (new env, rotated keys) would silently reuse them.
+    session = boto3.session.Session()
+    return session.client("s3", endpoint_url=endpoint_url, region_name=region or "us-east-1", config=cfg)
 
 
 def _explain(e: Exception, what: str) -> StoreError:
@@ -45,8 +48,9 @@ def _explain(e: Exception, what: str) -> StoreError:
         msg = e.response.get("Error", {}).get("Message", "")
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"):
             return StoreError(f"{what}: S3 refused the credentials ({code})")
-        if code in ("NoSuchBucket",):
-            return StoreError(f"{what}: bucket does not exist")
+        if code == "NoSuchBucket":
+            bucket = e.response.get("Error", {}).get("BucketName")
+            return StoreError(f"{what}: bucket {bucket + ' ' if bucket else ''}does not exist")
         return StoreError(f"{what}: S3 error {code} {msg}".strip())
     return StoreError(f"{what}: {type(e).__name__}: {e}")
 
@@ -104,15 +108,24 @@ class S3Store(ObjectStore):
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.client = _client(endpoint_url, region, max_attempts)
+        self._client_args = (endpoint_url, region)
 
     def _k(self, key: str) -> str:
         validate_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def check(self) -> None:
-        """Fail early, in one line, on bad credentials, endpoint or bucket."""
+        """Fail early, in one line, on bad credentials, endpoint or bucket.
+
+        A one-key listing under the store's prefix: unlike HEAD it returns an error body
+        (InvalidAccessKeyId vs NoSuchBucket vs AccessDenied), and it needs only the
+        ListBucket permission the stages need anyway (a role may be scoped to the prefix).
+        """
+        # Few attempts: a wrong endpoint should be one line in seconds, not after a minute
+        # of backoff; the stage's own calls keep the full adaptive retries.
+        quick = _client(*self._client_args, max_attempts=2, connect_timeout=5)
         try:
-            self.client.head_bucket(Bucket=self.bucket)
+            quick.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + "/" if self.prefix else "", MaxKeys=1)
         except Exception as e:
             raise _explain(e, f"store {self.uri}") from None
 
@@ -123,7 +136,7 @@ class S3Store(ObjectStore):
         try:
             yield w
             sink.finish()
-        except Exception as e:
+        except BaseException as e:  # also on Ctrl-C / generator close: never leave a dangling upload
             sink.abort()
             if type(e).__module__.startswith("botocore"):
                 raise _explain(e, f"writing {self.uri}/{key}") from None
@@ -142,6 +155,11 @@ class S3Store(ObjectStore):
             raise _explain(e, f"reading {self.uri}/{key}") from None
         try:
             yield body  # type: ignore[misc]
+        except Exception as e:
+            # A connection dropped mid-stream or a short body surfaces from body.read().
+            if type(e).__module__.split(".")[0] in ("botocore", "urllib3"):
+                raise StoreError(f"reading {self.uri}/{key}: {type(e).__name__}: {e}") from None
+            raise
         finally:
             body.close()
 
