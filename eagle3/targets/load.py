@@ -1,0 +1,134 @@
+"""Find and load the target: its config, tokenizer and model, from one ``TargetSettings``.
+
+``builtin:tiny-llama`` / ``builtin:tiny-deepseek`` are built (once, deterministically)
+into ``settings.cache_dir``; anything else is an HF directory or hub id. Every stage and
+the local server launcher resolve the target through :func:`resolve_target`, so they
+agree on the path, and through :func:`served_model_name` on the name the endpoint serves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3.errors import StageError
+from eagle3.targets.settings import TargetSettings
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_TARGETS = {"tiny-llama": "llama", "tiny-deepseek": "deepseek"}
+
+
+def builtin_arch(model: str) -> str | None:
+    """The tiny-target architecture of a ``builtin:`` model name, else None."""
+    if not model.startswith(BUILTIN_PREFIX):
+        return None
+    name = model[len(BUILTIN_PREFIX):]
+    if name not in BUILTIN_TARGETS:
+        raise StageError(f"unknown builtin target {model!r}; choose one of "
+                         + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_TARGETS))
+    return BUILTIN_TARGETS[name]
+
+
+def resolve_target(settings: TargetSettings) -> str:
+    """A local directory (absolute) or an HF hub id; builtin targets are built on first use."""
+    arch = builtin_arch(settings.model)
+    if arch is not None:
+        from eagle3.targets.tiny import builtin_target_dir
+
+        return str(builtin_target_dir(arch, Path(settings.cache_dir)))
+    local = Path(settings.model).expanduser()
+    if local.is_dir():
+        return str(local.resolve())
+    return settings.model
+
+
+def served_model_name(settings: TargetSettings) -> str:
+    """The ``model`` field requests carry: what the server was started with, unless renamed."""
+    return settings.served_name or resolve_target(settings)
+
+
+def _tokenizer_source(settings: TargetSettings) -> str:
+    if settings.tokenizer is None:
+        return resolve_target(settings)
+    local = Path(settings.tokenizer).expanduser()
+    return str(local.resolve()) if local.is_dir() else settings.tokenizer
+
+
+def _text_config(config: Any) -> Any:
+    """Multimodal wrappers (Kimi-K2.5's) keep the language model's fields in ``text_config``."""
+    text = getattr(config, "text_config", None)
+    return text if text is not None and hasattr(text, "num_hidden_layers") else config
+
+
+def load_target_config(settings: TargetSettings) -> Any:
+    from transformers import AutoConfig
+
+    source = resolve_target(settings)
+    try:
+        return AutoConfig.from_pretrained(source, trust_remote_code=settings.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise StageError(f"cannot load target config from {source}: {_first_line(e)}") from None
+
+
+def load_tokenizer(settings: TargetSettings) -> Any:
+    from transformers import AutoTokenizer
+
+    source = _tokenizer_source(settings)
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=settings.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise StageError(f"cannot load target tokenizer from {source}: {_first_line(e)}") from None
+
+
+def resolve_dtype(setting: str, device: str | torch.device) -> torch.dtype:
+    """``auto``: bf16 on CUDA, fp32 on CPU."""
+    if setting == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return getattr(torch, setting)
+
+
+def load_target_model(settings: TargetSettings, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None) -> Any:
+    """The target in eval mode on ``device``; ``dtype`` defaults to the settings' (auto)."""
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_target(settings)
+    if dtype is None or isinstance(dtype, str):
+        dtype = resolve_dtype(dtype or settings.dtype, device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=settings.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise StageError(f"cannot load target model from {source}: {_first_line(e)}") from None
+    return model.to(device).eval()
+
+
+def num_layers(config: Any) -> int:
+    """Decoder layers of the target (MTP layers of DeepseekV3 are not counted)."""
+    return int(_text_config(config).num_hidden_layers)
+
+
+def hidden_size(config: Any) -> int:
+    return int(_text_config(config).hidden_size)
+
+
+def target_vocab_size(config: Any) -> int:
+    """Rows of the lm_head: may exceed ``len(tokenizer)`` (padded vocab)."""
+    return int(_text_config(config).vocab_size)
+
+
+def check_vocab(settings: TargetSettings, tokenizer: Any, config: Any) -> int:
+    """The target vocab size, after checking tokenizer and configured size agree with it."""
+    vocab = target_vocab_size(config)
+    if settings.vocab_size is not None and settings.vocab_size != vocab:
+        raise StageError(f"target.vocab_size is {settings.vocab_size} but the target config {resolve_target(settings)} "
+                         f"has vocab_size {vocab}")
+    n_tokens = len(tokenizer)
+    if n_tokens > vocab:
+        raise StageError(f"tokenizer {_tokenizer_source(settings)} has {n_tokens} tokens but target vocab_size is {vocab}")
+    return vocab
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
