@@ -19,30 +19,12 @@ from eagle3.data.tokenized import TOKENIZED, read_tokenized
 from eagle3.errors import StageError
 from eagle3.extract.batching import plan_shards
 from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+from eagle3.extract.loading import load_target, resolve_device
 from eagle3.extract.run import ShardStats, extract_shard
 from eagle3.extract.shards import INDEX, SHARD_DIR, STORAGE_DTYPES, TARGET_HEAD, read_shard, shard_name, write_shard
 from eagle3.manifest import Manifest
 from eagle3.store import ObjectStore
 from eagle3.targets.aux_layers import resolve_aux_layer_ids
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise StageError(f"device {name!r} requested but CUDA is not available on this machine")
-    return torch.device(name)
-
-
-def target_dtype(setting: str, device: torch.device) -> torch.dtype:
-    if setting == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[setting]
-
-
-def text_config(config: Any) -> Any:
-    """The language model's config (multimodal targets such as Kimi-K2.5 nest it)."""
-    return getattr(config, "text_config", None) or config
 
 
 def aux_ids_for(target_settings: Any, num_layers: int) -> list[int]:
@@ -68,7 +50,7 @@ def target_head(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    from eagle3.targets.load import load_target_config, load_target_model, num_layers, target_vocab_size
+    from eagle3.targets.load import hidden_size, load_target_config, num_layers, target_vocab_size
 
     settings, tset = ctx.cfg.extract, ctx.cfg.target
     out = ctx.output
@@ -79,7 +61,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         raise StageError("generate produced no tokenized samples: nothing to extract")
     config = load_target_config(tset)
     n_layers, vocab = num_layers(config), target_vocab_size(config)
-    hidden = int(text_config(config).hidden_size)
+    hidden = hidden_size(config)
     aux_ids = aux_ids_for(tset, n_layers)
     problems = data.validate(vocab)
     if problems:
@@ -99,8 +81,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     new_tokens = sum(p.num_tokens for p in todo)
     if todo or not head_done:
         device = resolve_device(settings.device)
-        model = load_target_model(tset, device, target_dtype(tset.dtype, device))
-        model.eval()
+        model = load_target(tset, device)
         if not head_done:
             path = ctx.scratch / TARGET_HEAD
             from safetensors.torch import save_file

@@ -8,11 +8,21 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_target_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def tiny_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """target.cache_dir holding both builtin tiny targets (built once per session)."""
     from eagle3.targets.tiny import builtin_target_dir
 
     cache = tmp_path_factory.mktemp("targets")
-    return {arch: builtin_target_dir(arch, cache) for arch in ("llama", "deepseek")}
+    for arch in ("llama", "deepseek"):
+        builtin_target_dir(arch, cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dirs(tiny_cache_dir: Path) -> dict[str, Path]:
+    from eagle3.targets.tiny import builtin_target_dir
+
+    return {arch: builtin_target_dir(arch, tiny_cache_dir) for arch in ("llama", "deepseek")}
 
 
 @pytest.fixture(params=["llama", "deepseek"])
