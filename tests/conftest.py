@@ -1,1 +1,2 @@
 from tests.fixtures_s3 import *  # noqa
+from tests.fixtures_targets import *  # noqa

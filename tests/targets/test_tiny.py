@@ -1,0 +1,76 @@
+"""Tiny targets: real HF directories that load, are deterministic, and render reasoning."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from eagle3.targets.tiny import build_tiny_target, builtin_target_dir
+
+
+def _digests(d):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+
+
+@pytest.mark.parametrize("arch", ["llama", "deepseek"])
+def test_tiny_target_loads_and_runs(arch, tiny_target_dir):
+    d = tiny_target_dir(arch)
+    tok = AutoTokenizer.from_pretrained(d)
+    model = AutoModelForCausalLM.from_pretrained(d).eval()
+    cfg = model.config
+    assert cfg.num_hidden_layers >= 4
+    assert len(tok) < cfg.vocab_size  # padded like real targets: lm_head rows > tokens
+    ids = torch.randint(0, len(tok), (1, 64))
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+    assert out.logits.shape == (1, 64, cfg.vocab_size)
+    assert len(out.hidden_states) == cfg.num_hidden_layers + 1
+    assert torch.isfinite(out.logits).all()
+
+
+def test_deepseek_has_mla_and_moe(tiny_deepseek_dir):
+    cfg = AutoConfig.from_pretrained(tiny_deepseek_dir)
+    assert cfg.model_type == "deepseek_v3"
+    assert cfg.q_lora_rank and cfg.kv_lora_rank and cfg.qk_rope_head_dim and cfg.qk_nope_head_dim
+    assert cfg.n_routed_experts > cfg.num_experts_per_tok >= 2
+    assert 0 < cfg.first_k_dense_replace < cfg.num_hidden_layers
+
+
+def test_chat_template_renders_reasoning_and_generation_prompt(tiny_llama_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    head = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    full = tok.apply_chat_template(prompt + [{"role": "assistant", "content": "4", "reasoning_content": "add"}],
+                                   tokenize=False)
+    assert head == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+    assert full == head + "<think>\nadd\n</think>\n4<|im_end|>\n"
+    no_reasoning = tok.apply_chat_template(prompt + [{"role": "assistant", "content": "4"}], tokenize=False)
+    assert no_reasoning == head + "4<|im_end|>\n"
+
+
+def test_think_tags_survive_skip_special_tokens(tiny_llama_dir):
+    # Servers decode with skip_special_tokens=True; inline reasoning must not vanish.
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    ids = tok("<think>\nhm\n</think>\nok<|im_end|>").input_ids
+    assert tok.convert_tokens_to_ids("<think>") in ids
+    assert tok.decode(ids, skip_special_tokens=True) == "<think>\nhm\n</think>\nok"
+
+
+def test_build_is_deterministic(tmp_path, tiny_llama_dir):
+    again = build_tiny_target("llama", tmp_path / "again")
+    assert _digests(again) == _digests(tiny_llama_dir)
+
+
+def test_builtin_dir_is_built_once(tmp_path):
+    first = builtin_target_dir("llama", tmp_path)
+    mtime = (first / "model.safetensors").stat().st_mtime_ns
+    assert builtin_target_dir("llama", tmp_path) == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_unknown_arch(tmp_path):
+    with pytest.raises(ValueError, match="unknown tiny target architecture"):
+        build_tiny_target("gpt2", tmp_path)
