@@ -1,0 +1,258 @@
+"""The EAGLE-3 drafter: one Llama decoder layer fed the target's aux hidden states.
+
+Math (as vLLM's ``llama_eagle3.py`` runs it at inference, default
+``norm_before_residual=False``):
+
+    h0   = fc(concat(aux_low, aux_mid, aux_high))            # step 0 only; later steps feed back `out`
+    x    = concat(input_layernorm(embed(token)), hidden_norm(h))       # [.., 2H]
+    r    = h + o_proj(attn(q/k/v_proj(x)))                             # residual from h, not the embed
+    out  = r + mlp(post_attention_layernorm(r))                        # pre-norm output, fed back
+    logits = lm_head(norm(out))                                        # [.., draft_vocab]
+
+Attention goes through a cache object: :class:`KVCache` for token-by-token decoding,
+:class:`TTTCache` for training-time test, where step k at row t attends causally to
+rows <= t of step 0 and to row t of steps 1..k (exactly what decoding sees).
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from eagle3.drafter.settings import DrafterSettings
+from eagle3.errors import ConfigError
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    target_hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # target vocab (embedding rows)
+    draft_vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 8192
+    aux_layer_ids: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DrafterConfig:
+        fields = cls.__dataclass_fields__
+        known = set(fields)
+        missing = [k for k, f in fields.items() if k not in d and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise ConfigError(f"drafter config lacks {', '.join(sorted(missing))}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_target(cls, target: Any, settings: DrafterSettings, draft_vocab_size: int, aux_layer_ids: list[int]) -> DrafterConfig:
+        """Shape the drafter after a target HF config (object or dict); settings override."""
+        get = (lambda k, d=None: target.get(k, d)) if isinstance(target, dict) else (lambda k, d=None: getattr(target, k, d))
+        target_hidden = int(get("hidden_size"))
+        hidden = settings.hidden_size or target_hidden
+        if hidden != target_hidden:
+            raise ConfigError(
+                f"drafter.hidden_size={hidden} differs from the target's hidden size {target_hidden}; the drafter "
+                "reuses the target's embedding, so leave drafter.hidden_size unset"
+            )
+        heads = settings.num_attention_heads or int(get("num_attention_heads"))
+        kv_heads = settings.num_key_value_heads or int(get("num_key_value_heads") or heads)
+        head_dim = settings.head_dim or hidden // heads
+        if heads % kv_heads:
+            raise ConfigError(f"drafter.num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+        if head_dim % 2:
+            raise ConfigError(f"drafter head_dim={head_dim} must be even for rotary embeddings; set drafter.head_dim")
+        return cls(
+            hidden_size=hidden,
+            target_hidden_size=target_hidden,
+            intermediate_size=settings.intermediate_size or int(get("intermediate_size") or 4 * hidden),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            vocab_size=int(get("vocab_size")),
+            draft_vocab_size=int(draft_vocab_size),
+            rms_norm_eps=settings.rms_norm_eps,
+            rope_theta=settings.rope_theta,
+            max_position_embeddings=settings.max_position_embeddings,
+            aux_layer_ids=[int(i) for i in aux_layer_ids],
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(position_ids: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """position_ids [B, T] → cos, sin [B, 1, T, head_dim] (float32, neox-style halves)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim)
+    freqs = position_ids.float()[..., None] * inv_freq  # [B, T, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, T, D]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, h, T, D] rotated by position (rotate-half, as Llama and vLLM's neox style)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class KVCache:
+    """Keys/values of every row seen so far, for decoding; new rows attend to all of them + causally."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None  # [B, kv, S, D]
+        self.v: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else int(self.k.shape[2])
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        past = self.length
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        t = q.shape[2]
+        if past == 0:
+            return F.scaled_dot_product_attention(q, self.k, self.v, is_causal=True, enable_gqa=True)
+        rows = torch.arange(t, device=q.device)[:, None] + past
+        mask = torch.arange(past + t, device=q.device)[None, :] <= rows  # [T, S+T]
+        return F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=mask, enable_gqa=True)
+
+
+def ttt_mask(t: int, step: int, device: torch.device | None = None) -> Tensor:
+    """Bool [T, (step+1)·T]: step-0 block causal, blocks 1..step diagonal (row t sees row t)."""
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(t, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * step, dim=1)
+
+
+class TTTCache:
+    """Per-step key/value blocks [B, kv, T, D] for training-time test.
+
+    ``backend``: "sdpa" (dense bool mask over all blocks; CPU and fallback) or "flex"
+    (flex attention with a block-sparse mask that skips the empty off-diagonal blocks).
+    """
+
+    def __init__(self, backend: str = "sdpa") -> None:
+        self.k: list[Tensor] = []
+        self.v: list[Tensor] = []
+        self.backend = backend
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        self.k.append(k)
+        self.v.append(v)
+        step, t = len(self.k) - 1, q.shape[2]
+        if step == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        keys, values = torch.cat(self.k, dim=2), torch.cat(self.v, dim=2)  # [B, kv, (step+1)T, D]
+        if self.backend == "flex":
+            from eagle3.drafter.flex import ttt_flex_attention
+
+            return ttt_flex_attention(q, keys, values, step)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, step, q.device), enable_gqa=True)
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(2 * h, self.heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.heads * d, h, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | TTTCache) -> Tensor:
+        b, t, _ = x.shape  # x [B, T, 2H]
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, h, T, D]
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, kv, T, D]
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = cache.attend(q, k, v)  # [B, h, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class Eagle3MLP(nn.Module):
+    def __init__(self, h: int, inter: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(h, inter, bias=False)
+        self.up_proj = nn.Linear(h, inter, bias=False)
+        self.down_proj = nn.Linear(inter, h, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3DecoderLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Eagle3Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = Eagle3MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, embeds: Tensor, hidden: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | TTTCache) -> Tensor:
+        """embeds, hidden [B, T, H] → pre-norm output [B, T, H]."""
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        residual = hidden + self.self_attn(x, cos, sin, cache)
+        return residual + self.mlp(self.post_attention_layernorm(residual))
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = Eagle3DecoderLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+
+    def project_aux(self, aux_hidden: Tensor) -> Tensor:
+        """[B, T, 3·Ht] → [B, T, H]."""
+        return self.fc(aux_hidden.to(self.fc.weight.dtype))
+
+    def step_hidden(self, input_ids: Tensor, hidden: Tensor, position_ids: Tensor, cache: KVCache | TTTCache) -> Tensor:
+        """One drafter step without the head: → pre-norm hidden [B, T, H] (fed back next step)."""
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
+        return self.midlayer(embeds, hidden, cos, sin, cache)
+
+    def logits(self, hidden_out: Tensor) -> Tensor:
+        """Pre-norm hidden [.., H] → draft logits [.., draft_vocab]."""
+        return self.lm_head(self.norm(hidden_out))
+
+    def step(
+        self, input_ids: Tensor, hidden: Tensor, position_ids: Tensor, cache: KVCache | TTTCache | None = None
+    ) -> tuple[Tensor, Tensor, KVCache | TTTCache]:
+        """input_ids [B, T], hidden [B, T, H] → (hidden_out [B, T, H], logits [B, T, N], cache)."""
+        cache = KVCache() if cache is None else cache
+        out = self.step_hidden(input_ids, hidden, position_ids, cache)
+        return out, self.logits(out), cache
+
+    def exportable_state_dict(self) -> dict[str, Tensor]:
+        from eagle3.drafter.adapter import EXPORT_KEYS
+
+        sd = self.state_dict()
+        return {k: sd[k] for k in EXPORT_KEYS}
