@@ -11,6 +11,18 @@ from eagle3.cli.common import ConfigOpt, RunIdOpt, StoreOpt, config_from, one_li
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train EAGLE-3 drafters as manifest-checked stages.")
 
 
+from eagle3.cli import inspect as _inspect  # noqa: E402
+from eagle3.cli import manage as _manage  # noqa: E402
+from eagle3.cli.run import app as _run_app  # noqa: E402
+
+app.add_typer(_run_app, name="run")
+app.command("status")(_inspect.status)
+app.command("logs")(_inspect.logs)
+app.command("report")(_manage.report)
+app.command("down")(_manage.down)
+app.command("init")(_manage.init)
+
+
 @app.callback()
 def _root() -> None:
     """eagle3ctl: run, inspect and verify EAGLE-3 drafter pipelines."""

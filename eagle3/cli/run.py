@@ -1,0 +1,64 @@
+"""``eagle3ctl run pipeline`` and ``eagle3ctl run stage NAME``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from eagle3.cli.common import BackendOpt, ConfigOpt, RunIdOpt, StoreOpt, config_from, one_line_errors
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run the pipeline, or one stage, on the configured backend.")
+
+
+def _finish(run: object) -> None:
+    from eagle3.pipeline.runner import summary_lines
+
+    for line in summary_lines(run):  # type: ignore[arg-type]
+        typer.echo(line)
+    result = run.result  # type: ignore[attr-defined]
+    if result.interrupted:
+        raise typer.Exit(130)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+@app.command("pipeline")
+@one_line_errors
+def pipeline(
+    config: ConfigOpt = None,
+    run_id: RunIdOpt = None,
+    store: StoreOpt = None,
+    backend: BackendOpt = None,
+    start: Annotated[Optional[str], typer.Option("--from", help="Run this stage and the stages after it only.")] = None,
+    until: Annotated[Optional[str], typer.Option("--until", help="Run this stage and the stages before it only.")] = None,
+    force: Annotated[Optional[list[str]], typer.Option("--force", help="Rerun this stage (and so its dependents) even if complete.")] = None,
+) -> None:
+    """Run every stage in DAG order; stages complete for the same input key are skipped, partial ones resume."""
+    from eagle3.pipeline.runner import run_pipeline
+    from eagle3.pipeline.scheduler import Selection
+
+    cfg = config_from(config, run_id, store, backend)
+    _finish(run_pipeline(cfg, Selection(start=start, until=until, force=tuple(force or ())), typer.echo))
+
+
+@app.command("stage")
+@one_line_errors
+def stage(
+    name: Annotated[str, typer.Argument(help="generate, vocab, extract, train, export or evaluate")],
+    config: ConfigOpt = None,
+    run_id: RunIdOpt = None,
+    store: StoreOpt = None,
+    backend: BackendOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Rerun even if complete.")] = False,
+) -> None:
+    """Run one stage on the backend (its upstream stages must be complete); starts the server for generate."""
+    from eagle3.pipeline.runner import run_pipeline
+    from eagle3.pipeline.scheduler import Selection
+
+    cfg = config_from(config, run_id, store, backend)
+    _finish(run_pipeline(cfg, Selection(only=(name,), force=(name,) if force else ()), typer.echo))
+
+
+__all__ = ["app", "Path"]

@@ -1,0 +1,119 @@
+"""The stage table a human watches (rich Live on a TTY) or plain lines (CI logs)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from datetime import datetime
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from eagle3.pipeline.backend import Progress
+from eagle3.pipeline.scheduler import Scheduler, ServeRow, StageRow
+
+STATE_STYLE = {"running": "bold cyan", "done": "green", "skipped": "dim green", "failed": "bold red",
+               "blocked": "red", "waiting": "yellow", "stopped": "magenta", "excluded": "dim"}
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def fmt_progress(p: Progress | None) -> str:
+    if p is None:
+        return "-"
+    done = f"{p.done:,.0f}" if p.done == int(p.done) else f"{p.done:,.2f}"
+    if p.total:
+        return f"{done}/{p.total:,.0f} {p.unit} ({100 * p.done / p.total:.0f}%)"
+    return f"{done} {p.unit}"
+
+
+def fmt_rate(p: Progress | None) -> str:
+    if p is None or p.rate is None:
+        return "-"
+    return f"{p.rate:,.1f} {p.unit}/s"
+
+
+def stage_cells(row: StageRow, now: float) -> list[str]:
+    gh = row.gpu_hours(now)
+    return [row.name, row.state, fmt_progress(row.progress), fmt_duration(row.elapsed(now)), fmt_rate(row.progress),
+            f"{gh:.3f}" if gh is not None else "-", row.reason]
+
+
+def serve_cells(s: ServeRow, now: float) -> list[str]:
+    elapsed = None if s.started_at is None else (s.ended_at or now) - s.started_at
+    gh = elapsed * s.gpus / 3600 if elapsed is not None and s.gpus else None
+    note = s.reason or (s.url or "")
+    return ["serve", s.state, "-", fmt_duration(elapsed), "-", f"{gh:.3f}" if gh is not None else "-", note]
+
+
+def render(sched: Scheduler) -> Table:
+    now = time.time()
+    table = Table(title=f"eagle3ctl run {sched.cfg.run_id}", title_justify="left", expand=False)
+    for col in ("stage", "state", "progress", "elapsed", "throughput", "GPU-h", "note"):
+        table.add_column(col, overflow="fold" if col == "note" else "ellipsis", no_wrap=col != "note")
+    if sched.serve.state not in ("idle",):
+        cells = serve_cells(sched.serve, now)
+        table.add_row(*cells[:1], f"[{STATE_STYLE.get(cells[1], '')}]{cells[1]}", *cells[2:])
+    for row in sched.rows.values():
+        cells = stage_cells(row, now)
+        style = STATE_STYLE.get(row.state, "")
+        table.add_row(cells[0], f"[{style}]{cells[1]}" if style else cells[1], *cells[2:])
+    return table
+
+
+class PlainView:
+    """One line per state change, with a timestamp; for logs that are not a terminal."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.echo = echo
+        self._lock = threading.Lock()
+
+    def on_change(self, sched: Scheduler, message: str) -> None:
+        with self._lock:
+            self.echo(f"[{datetime.now().strftime('%H:%M:%S')}] {message}")
+
+    def __enter__(self) -> PlainView:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class LiveView:
+    """A rich table redrawn a few times a second; the final table stays on screen."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self._live: Live | None = None
+        self._sched: Scheduler | None = None
+
+    def on_change(self, sched: Scheduler, message: str) -> None:
+        self._sched = sched
+        if self._live is not None:
+            self._live.update(render(sched))
+
+    def __enter__(self) -> LiveView:
+        self._live = Live(console=self.console, refresh_per_second=2, get_renderable=self._renderable)
+        self._live.__enter__()
+        return self
+
+    def _renderable(self) -> Any:
+        return render(self._sched) if self._sched is not None else ""
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+
+
+def make_view(echo: Callable[[str], None], tty: bool | None = None) -> PlainView | LiveView:
+    if tty is None:
+        tty = sys.stdout.isatty()
+    return LiveView() if tty else PlainView(echo)

@@ -1,0 +1,287 @@
+"""The embedded default backend: stages are subprocesses on this machine.
+
+Each stage runs ``python -m eagle3 stage NAME -c <run dir>/config.yaml``, the same
+entrypoint the images run, in its own process group, its output in
+``.eagle3/runs/<run_id>/logs/<stage>.log`` (earlier attempts kept as
+``<stage>.attempt-N.log``). The config file is the fully resolved config (CLI overrides
+included), so every child sees exactly what the scheduler saw. The server is
+``transformers serve`` (vLLM when installed and a GPU is present). Process ids go to
+``state.json`` so ``status``, ``logs`` and ``down`` work from another shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from eagle3.config import PipelineConfig
+from eagle3.context import PROGRESS_TAG
+from eagle3.errors import ConfigError
+from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
+from eagle3.pipeline.runstate import RunState
+from eagle3.serve.process import ServerProcess, group_alive, last_line, stop_process_group
+from eagle3.serve.vllm import choose_engine, gpu_count, vllm_command
+
+CANCEL_GRACE_S = 30.0  # train checkpoints on SIGTERM; give it time
+LOG_TAIL = 15
+
+
+@dataclass
+class _Attempt:
+    proc: subprocess.Popen
+    log: Path
+    offset: int = 0
+    progress: Progress | None = None
+    first: tuple[float, float] | None = None  # (time, done) of the first progress line
+    tail: list[str] = field(default_factory=list)
+
+
+def write_resolved_config(cfg: PipelineConfig, path: Path) -> Path:
+    """The whole config as YAML, for child processes. Holds no secrets: credentials live in the env."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = "# Resolved by eagle3ctl for this run (config file + EAGLE3_* env + CLI flags). Do not edit.\n"
+    path.write_text(header + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return path
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The parent's environment minus EAGLE3_* config overrides (already in the resolved config:
+    env outranks the YAML in a child, and would undo a CLI flag)."""
+    from eagle3.config import PipelineConfig
+
+    fields = {f.upper() for f in PipelineConfig.model_fields}
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith("EAGLE3_") and k[7:].split("__")[0] in fields)}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return {**env, **(extra or {})}
+
+
+def rotate_log(log: Path) -> None:
+    """Keep the previous attempt's log as <stage>.attempt-N.log."""
+    if log.exists():
+        n = 1
+        while log.with_name(f"{log.stem}.attempt-{n}.log").exists():
+            n += 1
+        log.rename(log.with_name(f"{log.stem}.attempt-{n}.log"))
+
+
+def parse_progress(line: str) -> dict | None:
+    """The JSON of an ``EAGLE3_PROGRESS {...}`` line, else None."""
+    i = line.find(PROGRESS_TAG + " ")
+    if i < 0:
+        return None
+    try:
+        rec = json.loads(line[i + len(PROGRESS_TAG) + 1:])
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, cfg: PipelineConfig, state: RunState, cancel_grace_s: float = CANCEL_GRACE_S) -> None:
+        self.cfg, self.state, self.cancel_grace_s = cfg, state, cancel_grace_s
+        self.logs_dir = state.dir / "logs"
+        self.config_path = (state.dir / "config.yaml").resolve()
+        self._config_written = False  # written on first use: `logs`/`down` from another shell must not touch it
+        self._attempts: dict[str, _Attempt] = {}
+        self._server: ServerProcess | None = None
+        self._gpus: int | None = None
+
+    # -- stages ----------------------------------------------------------------------
+
+    def _ensure_config(self) -> None:
+        if not self._config_written:
+            write_resolved_config(self.cfg, self.config_path)
+            self._config_written = True
+
+    def stage_command(self, stage: str, endpoint: str | None = None) -> list[str]:
+        args = ["-m", "eagle3", "stage", stage, "-c", str(self.config_path)]
+        if endpoint:
+            args += ["--endpoint", endpoint]
+        nproc = self._train_procs() if stage == "train" else 1
+        if nproc > 1:
+            return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
+        return [sys.executable, *args]
+
+    def _train_procs(self) -> int:
+        n = self.cfg.train.nproc_per_node
+        if n == "auto":
+            return max(1, self.gpu_count())
+        try:
+            return int(n)
+        except ValueError:
+            raise ConfigError(f"train.nproc_per_node must be a number or 'auto', not {n!r}") from None
+
+    def submit(self, stage: str, endpoint: str | None = None) -> StageHandle:
+        log = self.logs_dir / f"{stage}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        rotate_log(log)
+        self._ensure_config()
+        cmd = self.stage_command(stage, endpoint)
+        with open(log, "wb") as f:
+            f.write(f"$ {' '.join(cmd)}\n".encode())
+            f.flush()
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=child_env(), start_new_session=True)
+        self._attempts[stage] = _Attempt(proc, log)
+        self.state.update("stages", stage, pid=proc.pid, log=str(log))
+        return StageHandle(stage, ref=str(proc.pid), started_at=time.time(), extra={"pgid": proc.pid, "log": str(log)})
+
+    def _read_new(self, a: _Attempt) -> None:
+        try:
+            with open(a.log, "rb") as f:
+                f.seek(a.offset)
+                data = f.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1  # only whole lines
+        a.offset += end
+        for raw in data[:end].decode(errors="replace").splitlines():
+            rec = parse_progress(raw)
+            if rec is None:
+                if raw.strip():
+                    a.tail = (a.tail + [raw])[-LOG_TAIL:]
+                continue
+            now, done = time.time(), float(rec.get("done") or 0)
+            if a.first is None:
+                a.first = (now, done)
+            rate = rec.get("rate")
+            if rate is None and now - a.first[0] > 0.5:
+                rate = (done - a.first[1]) / (now - a.first[0])
+            extra = {k: v for k, v in rec.items() if k not in ("stage", "done", "total", "unit", "rate")}
+            a.progress = Progress(done, rec.get("total"), str(rec.get("unit") or ""), rate, extra)
+
+    def poll(self, handle: StageHandle) -> StageOutcome | None:
+        a = self._attempts[handle.stage]
+        rc = a.proc.poll()
+        self._read_new(a)
+        if rc is None:
+            return None
+        self._read_new(a)
+        if rc == 0:
+            return StageOutcome(handle.stage, True)
+        errors = [ln for ln in a.tail if ln.startswith("error:")]
+        if errors:
+            reason = errors[-1][len("error:"):].strip()
+        elif rc < 0:
+            reason = f"killed by signal {-rc}"
+        else:
+            reason = f"exit code {rc}"
+        return StageOutcome(handle.stage, False, f"{reason} (log: {a.log})", list(a.tail))
+
+    def progress(self, handle: StageHandle) -> Progress | None:
+        a = self._attempts.get(handle.stage)
+        if a is None:
+            return None
+        self._read_new(a)
+        return a.progress
+
+    def cancel(self, handle: StageHandle) -> None:
+        a = self._attempts.get(handle.stage)
+        if a is not None:
+            stop_process_group(a.proc.pid, self.cancel_grace_s, a.proc)
+
+    def logs(self, stage: str, follow: bool = False, tail: int | None = None) -> list[str]:
+        log = self.logs_dir / f"{stage}.log"
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
+        return lines[-tail:] if tail else lines
+
+    # -- the server ------------------------------------------------------------------
+
+    def start_serve(self) -> str:
+        serve, target = self.cfg.serve, self.cfg.target
+        engine = choose_engine(serve)
+        log = self.logs_dir / "serve.log"
+        rotate_log(log)
+        if engine == "vllm":
+            from eagle3.targets.load import resolve_target
+
+            model = resolve_target(target)
+            cmd, env, base_url = vllm_command(serve, target, model), {}, f"http://{_client_host(serve.host)}:{serve.port}/v1"
+        else:
+            from eagle3.serve.local import transformers_serve_command
+
+            sc = transformers_serve_command(target, serve, device="auto")
+            cmd, env, base_url = sc.argv, sc.env, sc.base_url
+        self._server = ServerProcess(cmd, base_url, log, env=child_env(env),
+                                     startup_timeout_s=serve.startup_timeout_s, name=f"{engine} server")
+        self._server.launch()
+        self.state.update("serve", None, pid=self._server.pid, engine=engine, log=str(log))
+        return self._server.wait_ready()
+
+    def stop_serve(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self.state.update("serve", None, pid=None)
+
+    # -- housekeeping ----------------------------------------------------------------
+
+    def down(self) -> list[str]:
+        """Stop what state.json says this run started: first the scheduler of another shell (it
+        stops its own children), then any stage or server process group still alive."""
+        data = RunState.read(self.state.dir)
+        removed = []
+        sched = data.get("scheduler_pid")
+        if sched and sched != os.getpid() and not data.get("finished") and _pid_alive(sched) and _ours(sched):
+            os.kill(sched, signal.SIGTERM)
+            deadline = time.monotonic() + self.cancel_grace_s + 70
+            while _pid_alive(sched) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            removed.append(f"eagle3ctl run (pid {sched})")
+            data = RunState.read(self.state.dir)
+        for name, s in sorted(data.get("stages", {}).items()):
+            pid = s.get("pid")
+            if pid and group_alive(pid) and _ours(pid) and stop_process_group(pid, self.cancel_grace_s):
+                removed.append(f"stage {name} (process group {pid})")
+        pid = data.get("serve", {}).get("pid")
+        if pid and group_alive(pid) and _ours(pid) and stop_process_group(pid, 60.0):
+            removed.append(f"serve (process group {pid})")
+        if data.get("serve", {}).get("pid"):
+            self.state.data = RunState.read(self.state.dir) or self.state.data
+            self.state.update("serve", None, pid=None)
+        return removed
+
+    def gpu_count(self) -> int:
+        if self._gpus is None:
+            self._gpus = gpu_count()
+        return self._gpus
+
+
+def _client_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ours(pid: int) -> bool:
+    """An eagle3 / server process, not a recycled pid of something else."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return True  # the leader is gone but its group lives on (e.g. torchrun workers)
+    return any(s in cmdline for s in ("eagle3", "serve", "torch.distributed"))
+
+
+__all__ = ["LocalBackend", "child_env", "last_line", "parse_progress", "write_resolved_config"]

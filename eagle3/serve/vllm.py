@@ -1,0 +1,58 @@
+"""The ``vllm serve`` command for the target, from the serve and target settings."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+
+from eagle3.serve.settings import ServeSettings
+from eagle3.targets.settings import TargetSettings
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def cuda_present() -> bool:
+    """A GPU is visible (without importing torch: backends know nothing about it)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return gpu_count() > 0
+
+
+def gpu_count() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
+
+
+def choose_engine(serve: ServeSettings) -> str:
+    """vllm or transformers: ``auto`` picks vLLM when it is installed and a GPU is present."""
+    if serve.engine != "auto":
+        return serve.engine
+    return "vllm" if vllm_installed() and cuda_present() else "transformers"
+
+
+def vllm_command(serve: ServeSettings, target: TargetSettings, model_path: str) -> list[str]:
+    """``vllm serve MODEL`` with the settings that matter for Kimi-K2.5 on one node."""
+    cmd = ["vllm", "serve", model_path, "--host", serve.host, "--port", str(serve.port),
+           "--tensor-parallel-size", str(serve.tensor_parallel_size),
+           "--served-model-name", target.served_name or model_path]
+    if serve.max_model_len:
+        cmd += ["--max-model-len", str(serve.max_model_len)]
+    if serve.reasoning_parser:
+        cmd += ["--reasoning-parser", serve.reasoning_parser]
+    if target.trust_remote_code:
+        cmd.append("--trust-remote-code")
+    if target.dtype != "auto":
+        cmd += ["--dtype", target.dtype]
+    return cmd + list(serve.extra_args)
