@@ -1,0 +1,183 @@
+{{/* Names and pieces shared by the templates. Every name is prefixed eagle3. (Helm template names are global). */}}
+
+{{- define "eagle3.prefix" -}}
+eagle3-{{ .Values.run.id }}
+{{- end }}
+
+{{- define "eagle3.configMapName" -}}
+{{ include "eagle3.prefix" . }}-config
+{{- end }}
+
+{{- define "eagle3.serveName" -}}
+{{ include "eagle3.prefix" . }}-serve
+{{- end }}
+
+{{/* Labels every object carries (namespace-level objects: RBAC, the shared model cache). */}}
+{{- define "eagle3.baseLabels" -}}
+app.kubernetes.io/name: eagle3
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: eagle3ctl
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{/* Labels of the run's objects: `eagle3ctl down` deletes everything with eagle3.io/run=<id>. */}}
+{{- define "eagle3.runLabels" -}}
+{{ include "eagle3.baseLabels" . }}
+eagle3.io/run: {{ .Values.run.id | quote }}
+{{- end }}
+
+{{/* Selector labels of a stage's pods (stable across chart upgrades). ctx: root; stage: name. */}}
+{{- define "eagle3.stageSelector" -}}
+app.kubernetes.io/name: eagle3
+eagle3.io/run: {{ .ctx.Values.run.id | quote }}
+eagle3.io/stage: {{ .stage }}
+{{- end }}
+
+{{- define "eagle3.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 1000
+runAsGroup: 1000
+fsGroup: 1000
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "eagle3.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+privileged: false
+capabilities:
+  drop: ["ALL"]
+{{- end }}
+
+{{- define "eagle3.imagePullSecrets" -}}
+{{- with .Values.images.pullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Credentials come only as Secret references: never a value in a manifest. */}}
+{{- define "eagle3.secretEnv" -}}
+{{- with .Values.secrets.s3 }}{{ if .name }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name }}
+      key: {{ .accessKeyIdKey }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name }}
+      key: {{ .secretAccessKeyKey }}
+{{- end }}{{ end }}
+{{- with .Values.secrets.hf }}{{ if .name }}
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name }}
+      key: {{ .tokenKey }}
+{{- end }}{{ end }}
+{{- end }}
+
+{{/* Environment of every eagle3 container: caches on writable volumes, no telemetry. */}}
+{{- define "eagle3.env" -}}
+- name: HOME
+  value: /work
+- name: HF_HOME
+  value: {{ .Values.modelCache.mountPath }}/hf
+- name: MPLCONFIGDIR
+  value: /work/.matplotlib
+- name: HF_HUB_DISABLE_TELEMETRY
+  value: "1"
+- name: PYTHONUNBUFFERED
+  value: "1"
+{{ include "eagle3.secretEnv" . }}
+{{- end }}
+
+{{/* Volumes: the config, a writable work dir, the model cache (PVC on GPU pods), the file store. ctx: root; gpu: bool. */}}
+{{- define "eagle3.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "eagle3.configMapName" .ctx }}
+- name: work
+  emptyDir: {}
+- name: model-cache
+{{- if .gpu }}
+  persistentVolumeClaim:
+    claimName: {{ .ctx.Values.modelCache.pvc }}
+- name: shm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .ctx.Values.gpu.shmSize }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+{{- if .ctx.Values.store.pvc }}
+- name: store
+  persistentVolumeClaim:
+    claimName: {{ .ctx.Values.store.pvc }}
+{{- end }}
+{{- end }}
+
+{{- define "eagle3.volumeMounts" -}}
+- name: config
+  mountPath: /etc/eagle3
+  readOnly: true
+- name: work
+  mountPath: /work
+- name: model-cache
+  mountPath: {{ .ctx.Values.modelCache.mountPath }}
+{{- if .gpu }}
+- name: shm
+  mountPath: /dev/shm
+{{- end }}
+{{- if .ctx.Values.store.pvc }}
+- name: store
+  mountPath: {{ .ctx.Values.store.mountPath }}
+{{- end }}
+{{- end }}
+
+{{/* Placement of GPU pods: whole-node GPU count, selectors, tolerations, priority, runtime. */}}
+{{- define "eagle3.gpuPlacement" -}}
+{{- with .Values.scheduling.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.scheduling.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.scheduling.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.scheduling.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- end }}
+
+{{- define "eagle3.gpuResources" -}}
+{{- $r := dict }}
+{{- if gt (int .Values.gpu.perNode) 0 }}{{ $_ := set $r .Values.gpu.resourceName (int .Values.gpu.perNode) }}{{ end }}
+{{- if .Values.gpu.memory }}{{ $_ := set $r "memory" .Values.gpu.memory }}{{ end }}
+{{- if $r }}
+limits:
+  {{- toYaml $r | nindent 2 }}
+requests:
+  {{- toYaml $r | nindent 2 }}
+{{- else }}
+{}
+{{- end }}
+{{- end }}
+
+{{- define "eagle3.cpuResources" -}}
+limits:
+  cpu: {{ .Values.cpu.cpu | quote }}
+  memory: {{ .Values.cpu.memory }}
+requests:
+  cpu: {{ .Values.cpu.cpu | quote }}
+  memory: {{ .Values.cpu.memory }}
+{{- end }}
