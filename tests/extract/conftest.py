@@ -1,4 +1,4 @@
-"""Tiny targets for the extract / export / evaluate tests, built once per session."""
+"""Tiny targets for the extract tests (built once per session by tests/fixtures_targets.py)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,8 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """target.cache_dir holding both builtin tiny targets (built once per session)."""
-    from eagle3.targets.tiny import builtin_target_dir
-
-    cache = tmp_path_factory.mktemp("targets")
-    for arch in ("llama", "deepseek"):
-        builtin_target_dir(arch, cache)
-    return cache
-
-
-@pytest.fixture(scope="session")
-def tiny_target_dirs(tiny_cache_dir: Path) -> dict[str, Path]:
-    from eagle3.targets.tiny import builtin_target_dir
-
-    return {arch: builtin_target_dir(arch, tiny_cache_dir) for arch in ("llama", "deepseek")}
+def tiny_target_dirs(tiny_target_dir) -> dict[str, Path]:
+    return {arch: tiny_target_dir(arch) for arch in ("llama", "deepseek")}
 
 
 @pytest.fixture(params=["llama", "deepseek"])

@@ -13,13 +13,9 @@ from eagle3.manifest import StageOutput
 from eagle3.store import open_store
 
 
-def pipeline_config(store_dir: Path, cache_dir: Path, arch: str = "llama", **overrides: Any) -> PipelineConfig:
-    base = {
-        "store.uri": f"file://{store_dir}",
-        "run_id": "t",
-        "target.model": f"builtin:tiny-{arch}",
-        "target.cache_dir": str(cache_dir),
-    }
+def pipeline_config(store_dir: Path, target_dir: Path, **overrides: Any) -> PipelineConfig:
+    """Config of a run ``t`` on a file:// store, its target a tiny target directory."""
+    base = {"store.uri": f"file://{store_dir}", "run_id": "t", "target.model": str(target_dir)}
     return load_config(None, {**base, **overrides})
 
 
@@ -46,3 +42,39 @@ def commit_generate(cfg: PipelineConfig, samples: list[tuple[int, list[int], lis
     for name, data in (extra or {}).items():
         out.put_bytes(name, data)
     out.commit({"samples": len(samples)})
+
+
+def commit_vocab(cfg: PipelineConfig, counts: torch.Tensor, draft_vocab_size: int, tmp: Path) -> None:
+    """A committed vocab stage built with the real mapping functions from ``counts``."""
+    from eagle3.vocab.mapping import build_vocab_mapping, save_vocab_mapping
+
+    store = open_store(cfg.store.uri)
+    out = StageOutput(store, cfg.run_id, "vocab", "test-vocab", {})
+    out.begin()
+    d2t, t2d = build_vocab_mapping(counts, draft_vocab_size)
+    save_vocab_mapping(tmp / "vocab_mapping.safetensors", d2t, t2d)
+    out.put_file("vocab_mapping.safetensors", tmp / "vocab_mapping.safetensors")
+    out.commit({"draft_vocab_size": draft_vocab_size})
+
+
+def commit_untrained_train(cfg: PipelineConfig, draft_vocab_size: int, tmp: Path, seed: int = 0) -> Any:
+    """A committed train stage holding a randomly initialised drafter (stand-in for training)."""
+    from eagle3.drafter.adapter import save_drafter
+    from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
+    from eagle3.extract.shards import INDEX
+    from eagle3.targets.load import load_target_config
+
+    store = open_store(cfg.store.uri)
+    import json
+
+    index = json.loads(store.get_bytes(f"{cfg.run_id}/extract/{INDEX}"))
+    dcfg = DrafterConfig.from_target(load_target_config(cfg.target), cfg.drafter, draft_vocab_size, index["aux_layer_ids"])
+    torch.manual_seed(seed)
+    model = Eagle3Drafter(dcfg)
+    weights, config = save_drafter(model, tmp / "train")
+    out = StageOutput(store, cfg.run_id, "train", "test-train", {})
+    out.begin()
+    out.put_file(weights.name, weights)
+    out.put_file(config.name, config)
+    out.commit({"steps": 0})
+    return model

@@ -18,8 +18,8 @@ def _shards(store, run_id="t"):
 
 
 @pytest.mark.parametrize("arch,storage", [("llama", "bfloat16"), ("deepseek", "float8_e4m3fn")])
-def test_extract_writes_consistent_shards(tmp_path, tiny_cache_dir, arch, storage):
-    cfg = pipeline_config(tmp_path / "store", tiny_cache_dir, arch, **{
+def test_extract_writes_consistent_shards(tmp_path, tiny_target_dir, arch, storage):
+    cfg = pipeline_config(tmp_path / "store", tiny_target_dir(arch), **{
         "extract.shard_tokens": 100, "extract.batch_tokens": 64, "extract.storage_dtype": storage})
     samples = random_samples(12)
     commit_generate(cfg, samples, tmp_path)
@@ -46,11 +46,11 @@ def test_extract_writes_consistent_shards(tmp_path, tiny_cache_dir, arch, storag
     assert verify_stage(store, "t", "extract", deep=True, content_check=extract_stage.deep_check).complete
 
 
-def test_extracted_states_match_the_target(tmp_path, tiny_cache_dir, tiny_target_dirs):
+def test_extracted_states_match_the_target(tmp_path, tiny_target_dir, tiny_target_dirs):
     """Shard rows equal HF hidden_states[k] / [-1] of each sample run alone."""
     from transformers import AutoModelForCausalLM
 
-    cfg = pipeline_config(tmp_path / "store", tiny_cache_dir, "llama", **{
+    cfg = pipeline_config(tmp_path / "store", tiny_target_dir("llama"), **{
         "extract.shard_tokens": 50, "extract.batch_tokens": 80, "extract.storage_dtype": "float32"})
     samples = random_samples(5, seed=3)
     commit_generate(cfg, samples, tmp_path)
@@ -74,15 +74,15 @@ class Killed(Exception):
     """Simulates the job being killed in the middle of extraction."""
 
 
-def test_resume_after_kill_adopts_shards_without_duplicates(tmp_path, tiny_cache_dir, monkeypatch):
+def test_resume_after_kill_adopts_shards_without_duplicates(tmp_path, tiny_target_dir, monkeypatch):
     overrides = {"extract.shard_tokens": 60, "extract.batch_tokens": 64}
     samples = random_samples(10, seed=1)
-    clean = pipeline_config(tmp_path / "clean", tiny_cache_dir, "llama", **overrides)
+    clean = pipeline_config(tmp_path / "clean", tiny_target_dir("llama"), **overrides)
     commit_generate(clean, samples, tmp_path)
     run_stage(clean, "extract")
     clean_m, _ = _shards(open_store(clean.store.uri))
 
-    cfg = pipeline_config(tmp_path / "store", tiny_cache_dir, "llama", **overrides)
+    cfg = pipeline_config(tmp_path / "store", tiny_target_dir("llama"), **overrides)
     commit_generate(cfg, samples, tmp_path)
     real_extract, calls = extract_stage.extract_shard, []
 
@@ -108,10 +108,10 @@ def test_resume_after_kill_adopts_shards_without_duplicates(tmp_path, tiny_cache
         {o.key: o.sha256 for o in clean_m.objects if o.key.startswith("shards/")}
 
 
-def test_bad_aux_ids_are_one_line_errors(tmp_path, tiny_cache_dir):
+def test_bad_aux_ids_are_one_line_errors(tmp_path, tiny_target_dir):
     from eagle3.errors import StageError
 
-    cfg = pipeline_config(tmp_path / "store", tiny_cache_dir, "llama", **{"target.aux_layer_ids": [1, 3, 9]})
+    cfg = pipeline_config(tmp_path / "store", tiny_target_dir("llama"), **{"target.aux_layer_ids": [1, 3, 9]})
     commit_generate(cfg, random_samples(2), tmp_path)
     with pytest.raises(StageError, match=r"target.aux_layer_ids: aux layer ids \[9\] out of range"):
         run_stage(cfg, "extract")

@@ -1,0 +1,70 @@
+"""The exported drafter's ``config.json``, as vLLM's and SGLang's EAGLE-3 loaders read it.
+
+What each engine reads (from their source, not guessed):
+
+- vLLM ``vllm/model_executor/models/llama_eagle3.py`` (``Eagle3LlamaForCausalLM``):
+  a Llama config with ``num_hidden_layers`` draft layers; ``target_hidden_size`` sizes
+  ``fc`` (3 x target hidden -> hidden); ``draft_vocab_size`` sizes ``lm_head``;
+  ``eagle_config["use_aux_hidden_state"]``; ``norm_before_residual`` (default False:
+  the residual is ``fc``'s output before ``hidden_norm``, which is what our drafter does).
+- vLLM ``vllm/v1/worker/gpu_model_runner.py::_get_eagle3_aux_layers_from_config``: the
+  TOP-LEVEL ``eagle_aux_hidden_state_layer_ids`` first, then the one inside
+  ``eagle_config``. vLLM ids: id k = input of decoder layer k.
+- SGLang ``model_runner.py``: only ``eagle_config["eagle_aux_hidden_state_layer_ids"]``,
+  then ``set_eagle3_layers_to_capture`` adds 1 (its ids mean "output of layer i").
+
+So the top-level key carries the vLLM ids and the ``eagle_config`` key carries the same
+layers in SGLang's convention (``to_sglang``: k-1). vLLM never reads the inner one
+because the top-level key wins; SGLang captures exactly the layers we trained on. Writing
+vLLM ids in both places would make SGLang capture one layer too deep.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eagle3.drafter.model import DrafterConfig
+from eagle3.targets.aux_layers import to_sglang
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+def build_vllm_config(drafter: DrafterConfig, aux_layer_ids: list[int], torch_dtype: str = "bfloat16") -> dict[str, Any]:
+    """config.json for an exported EAGLE-3 drafter (pure: values in, dict out)."""
+    ids = [int(i) for i in aux_layer_ids]
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": drafter.hidden_size,
+        "intermediate_size": drafter.intermediate_size,
+        "num_attention_heads": drafter.num_attention_heads,
+        "num_key_value_heads": drafter.num_key_value_heads,
+        "head_dim": drafter.head_dim,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "rms_norm_eps": drafter.rms_norm_eps,
+        "rope_theta": drafter.rope_theta,
+        # transformers >= 5 reads RoPE from rope_parameters; older readers use rope_theta.
+        "rope_parameters": {"rope_type": "default", "rope_theta": drafter.rope_theta},
+        "rope_scaling": None,
+        "max_position_embeddings": drafter.max_position_embeddings,
+        "vocab_size": drafter.vocab_size,
+        "draft_vocab_size": drafter.draft_vocab_size,
+        "target_hidden_size": drafter.target_hidden_size,
+        "tie_word_embeddings": False,
+        "torch_dtype": torch_dtype,
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": ids,
+        "eagle_config": {
+            "use_aux_hidden_state": True,
+            "eagle_aux_hidden_state_layer_ids": to_sglang(ids),
+            "eagle_aux_hidden_state_layer_ids_convention": "sglang (output of layer i = vLLM id i+1)",
+        },
+    }
+
+
+def drafter_config_from_export(config: dict[str, Any]) -> DrafterConfig:
+    """The inverse of :func:`build_vllm_config`: what evaluate needs to rebuild the drafter."""
+    return DrafterConfig.from_dict({**config, "aux_layer_ids": list(config["eagle_aux_hidden_state_layer_ids"])})

@@ -1,0 +1,142 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle3.context import run_stage
+from eagle3.export import stage as export_stage
+from eagle3.export.vllm_config import build_vllm_config, drafter_config_from_export
+from eagle3.drafter.model import DrafterConfig
+from eagle3.manifest import verify_stage
+from eagle3.store import open_store
+from tests.extract.pipeline import (commit_generate, commit_untrained_train, commit_vocab, pipeline_config,
+                                    random_samples)
+
+# What vLLM's EAGLE-3 loader does with each checkpoint tensor, encoded from
+# vllm/model_executor/models/llama_eagle3.py (Eagle3LlamaForCausalLM.load_weights and
+# LlamaModel.load_weights): "t2d" is skipped; "d2t" becomes draft_id_to_target_id;
+# names without "lm_head" get a "model." prefix; "midlayer." becomes "layers.0.";
+# q/k/v_proj stack into qkv_proj (input 2*hidden for layer 0); gate/up into gate_up_proj;
+# fc is ReplicatedLinear(3*target_hidden_size -> hidden_size); lm_head has draft_vocab_size
+# rows; embed_tokens is optional (the target's is shared when absent).
+VLLM_PARAMS = {
+    "model.fc.weight": lambda c: (c["hidden_size"], 3 * c["target_hidden_size"]),
+    "model.layers.0.input_layernorm.weight": lambda c: (c["hidden_size"],),
+    "model.layers.0.hidden_norm.weight": lambda c: (c["hidden_size"],),
+    "model.layers.0.self_attn.qkv_proj.weight[q]": lambda c: (c["num_attention_heads"] * c["head_dim"], 2 * c["hidden_size"]),
+    "model.layers.0.self_attn.qkv_proj.weight[k]": lambda c: (c["num_key_value_heads"] * c["head_dim"], 2 * c["hidden_size"]),
+    "model.layers.0.self_attn.qkv_proj.weight[v]": lambda c: (c["num_key_value_heads"] * c["head_dim"], 2 * c["hidden_size"]),
+    "model.layers.0.self_attn.o_proj.weight": lambda c: (c["hidden_size"], c["num_attention_heads"] * c["head_dim"]),
+    "model.layers.0.post_attention_layernorm.weight": lambda c: (c["hidden_size"],),
+    "model.layers.0.mlp.gate_up_proj.weight[0]": lambda c: (c["intermediate_size"], c["hidden_size"]),
+    "model.layers.0.mlp.gate_up_proj.weight[1]": lambda c: (c["intermediate_size"], c["hidden_size"]),
+    "model.layers.0.mlp.down_proj.weight": lambda c: (c["hidden_size"], c["intermediate_size"]),
+    "model.norm.weight": lambda c: (c["hidden_size"],),
+    "lm_head.weight": lambda c: (c["draft_vocab_size"], c["hidden_size"]),
+    "draft_id_to_target_id": lambda c: (c["draft_vocab_size"],),
+}
+
+
+def vllm_param(name: str) -> str | None:
+    """The vLLM parameter a checkpoint tensor loads into (None: skipped), as llama_eagle3.py maps it."""
+    if "t2d" in name:
+        return None
+    if "d2t" in name:
+        return name.replace("d2t", "draft_id_to_target_id")
+    if "lm_head" not in name:
+        name = "model." + name
+    name = name.replace("midlayer.", "layers.0.")
+    for part, stacked, shard in ((".q_proj", ".qkv_proj", "q"), (".k_proj", ".qkv_proj", "k"), (".v_proj", ".qkv_proj", "v"),
+                                 (".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1)):
+        if part in name:
+            return f"{name.replace(part, stacked)}[{shard}]"
+    return name
+
+
+def _drafter_cfg(**kw) -> DrafterConfig:
+    base = dict(hidden_size=64, target_hidden_size=96, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, vocab_size=1024, draft_vocab_size=200, aux_layer_ids=[2, 30, 58])
+    return DrafterConfig(**{**base, **kw})
+
+
+def test_config_has_every_field_vllm_and_sglang_read():
+    c = build_vllm_config(_drafter_cfg(), [2, 30, 58])
+    assert c["architectures"] == ["LlamaForCausalLMEagle3"] and c["model_type"] == "llama"
+    assert c["num_hidden_layers"] == 1 and c["tie_word_embeddings"] is False and c["hidden_act"] == "silu"
+    assert (c["vocab_size"], c["draft_vocab_size"], c["target_hidden_size"]) == (1024, 200, 96)
+    assert (c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]) == \
+        (64, 128, 4, 2, 16)
+    assert c["torch_dtype"] == "bfloat16" and c["norm_before_residual"] is False
+    # vLLM reads the top-level ids first (Kimi-K2.5: [2, 30, 58]); SGLang reads eagle_config's and adds 1.
+    assert c["eagle_aux_hidden_state_layer_ids"] == [2, 30, 58]
+    assert c["eagle_config"]["use_aux_hidden_state"] is True
+    assert c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 29, 57]
+    assert [i + 1 for i in c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]] == c["eagle_aux_hidden_state_layer_ids"]
+    assert json.loads(json.dumps(c)) == c
+    assert drafter_config_from_export(c) == _drafter_cfg()
+
+
+@pytest.fixture
+def exported(tmp_path, tiny_target_dir):
+    cfg = pipeline_config(tmp_path / "store", tiny_target_dir("deepseek"), **{"extract.shard_tokens": 200})
+    commit_generate(cfg, random_samples(4), tmp_path)
+    run_stage(cfg, "extract")
+    counts = torch.zeros(1024, dtype=torch.int64)
+    counts[:700] = torch.arange(700, 0, -1)
+    commit_vocab(cfg, counts, 256, tmp_path)
+    drafter = commit_untrained_train(cfg, 256, tmp_path)
+    stats = run_stage(cfg, "export")
+    return cfg, drafter, stats
+
+
+def test_export_round_trip_matches_vllm_loader(exported):
+    cfg, drafter, stats = exported
+    store = open_store(cfg.store.uri)
+    config = json.loads(store.get_bytes("t/export/config.json"))
+    tensors = load_file(str(store.local_path("t/export/model.safetensors")))
+    index = json.loads(store.get_bytes("t/extract/index.json"))
+    extract_stats = verify_stage(store, "t", "extract").manifest.manifest.stats
+    assert config["eagle_aux_hidden_state_layer_ids"] == index["aux_layer_ids"] == extract_stats["aux_layer_ids"]
+    assert stats["aux_layer_ids"] == extract_stats["aux_layer_ids"]
+    loaded = {}
+    for name, t in tensors.items():
+        param = vllm_param(name)
+        if param is None:
+            assert name == "t2d" and t.dtype == torch.bool and t.shape == (config["vocab_size"],)
+            continue
+        assert param in VLLM_PARAMS, f"vLLM has no parameter for checkpoint tensor {name}"
+        assert tuple(t.shape) == VLLM_PARAMS[param](config), name
+        assert t.dtype == (torch.int64 if param == "draft_id_to_target_id" else torch.bfloat16), name
+        loaded[param] = t
+    assert set(loaded) == set(VLLM_PARAMS)
+    # Weights are the trained drafter's (rounded to bf16); d2t is the vocab stage's offset table.
+    sd = drafter.exportable_state_dict()
+    for name in sd:
+        torch.testing.assert_close(tensors[name], sd[name].to(torch.bfloat16))
+    target_ids = torch.arange(256) + tensors["d2t"]
+    assert tensors["t2d"][target_ids].all() and int(tensors["t2d"].sum()) == 256
+    assert verify_stage(store, "t", "export", deep=True, content_check=export_stage.deep_check).complete
+
+
+def test_export_loads_back_as_the_same_drafter(exported):
+    from eagle3.drafter.adapter import load_drafter
+
+    cfg, drafter, _ = exported
+    store = open_store(cfg.store.uri)
+    config = json.loads(store.get_bytes("t/export/config.json"))
+    back = load_drafter(store.local_path("t/export/model.safetensors"), drafter.embed_tokens.weight,
+                        drafter_config_from_export(config))
+    assert back.config == drafter.config
+
+
+def test_check_export_names_problems():
+    c = build_vllm_config(_drafter_cfg(), [2, 30, 58])
+    meta = {k: (s, "bfloat16") for k, s in __import__("eagle3.drafter.adapter", fromlist=["x"]).expected_shapes(_drafter_cfg()).items()}
+    meta["d2t"], meta["t2d"] = ((200,), "int64"), ((1024,), "bool")
+    assert export_stage.check_export(c, meta, [2, 30, 58]) == []
+    assert any("extract's" in p for p in export_stage.check_export(c, meta, [1, 30, 58]))
+    bad = {**c, "eagle_config": {**c["eagle_config"], "eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}
+    assert any("to_sglang" in p for p in export_stage.check_export(bad, meta, None))
+    meta2 = {**meta, "fc.weight": ((64, 100), "bfloat16")}
+    assert any("fc.weight" in p for p in export_stage.check_export(c, meta2, None))
