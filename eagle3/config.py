@@ -7,13 +7,15 @@ Nested env overrides use ``__``: ``EAGLE3_TRAIN__LR=3e-4``.
 
 from __future__ import annotations
 
+import os
 import re
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from eagle3.data.settings import GenerateSettings
 from eagle3.drafter.settings import DrafterSettings
@@ -27,6 +29,10 @@ from eagle3.train.settings import TrainSettings
 from eagle3.vocab.settings import VocabSettings
 
 _RUN_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
+ENV_PREFIX = "EAGLE3_"
+# Explicit overrides (CLI flags) for the PipelineConfig being built; a settings source of
+# their own so they outrank the environment (model_validate would re-read the env).
+_OVERRIDES: ContextVar[dict[str, Any]] = ContextVar("eagle3_config_overrides", default={})
 
 
 class StoreSettings(BaseModel):
@@ -90,26 +96,42 @@ class PipelineConfig(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Precedence: explicit overrides (CLI flags) > EAGLE3_* env > YAML file (passed as init).
-        return (env_settings, init_settings)
+        return (InitSettingsSource(settings_cls, _OVERRIDES.get()), env_settings, init_settings)
 
 
-def _format_error(e: ValidationError, source: str) -> str:
+def _format_error(e: ValidationError, source: str, overrides: dict[str, Any] | None = None) -> str:
     parts = []
     for err in e.errors()[:3]:
         loc = ".".join(str(x) for x in err["loc"]) or "(root)"
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
+        env = ENV_PREFIX + "__".join(str(x) for x in err["loc"]).upper()
+        if overrides and overrides.get(loc) is not None:
+            msg += " (from the command line)"
+        elif env in os.environ:
+            msg += f" (from env {env})"
         parts.append(f"{loc}: {msg}")
     more = f" (+{len(e.errors()) - 3} more)" if len(e.errors()) > 3 else ""
     return f"invalid config {source}: " + "; ".join(parts) + more
 
 
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+def _check_env_names() -> None:
+    """EAGLE3_TRAIN_LR (one '_') would be silently ignored: name the typo instead."""
+    sections = [k for k, f in PipelineConfig.model_fields.items() if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)]
+    for name in os.environ:
+        if not name.startswith(ENV_PREFIX) or "__" in name:
+            continue
+        rest = name[len(ENV_PREFIX):].lower()
+        if rest in PipelineConfig.model_fields:
+            continue
+        for section in sections:
+            if rest.startswith(section + "_"):
+                field = name[len(ENV_PREFIX) + len(section) + 1:]
+                raise ConfigError(
+                    f"environment variable {name} sets no config field; nested fields use '__': "
+                    f"{ENV_PREFIX}{section.upper()}__{field}"
+                )
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -147,14 +169,14 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         for k in keys[:-1]:
             cur = cur.setdefault(k, {})
         cur[keys[-1]] = value
+    _check_env_names()
+    token = _OVERRIDES.set(nested)
     try:
         cfg = PipelineConfig(**data)
-        if nested:
-            merged = _deep_merge(cfg.model_dump(), nested)
-            # model_validate skips the settings sources: the env is already applied.
-            cfg = PipelineConfig.model_validate(merged)
     except ValidationError as e:
-        raise ConfigError(_format_error(e, source)) from None
+        raise ConfigError(_format_error(e, source, overrides)) from None
+    finally:
+        _OVERRIDES.reset(token)
     return cfg
 
 
