@@ -27,7 +27,7 @@ from eagle3.context import PROGRESS_TAG
 from eagle3.errors import ConfigError
 from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.pipeline.runstate import RunState
-from eagle3.serve.process import ServerProcess, group_alive, last_line, stop_process_group
+from eagle3.serve.process import ServerProcess, group_alive, last_line, proc_cmdline, stop_process_group
 from eagle3.serve.vllm import choose_engine, gpu_count, vllm_command
 
 CANCEL_GRACE_S = 30.0  # train checkpoints on SIGTERM; give it time
@@ -135,7 +135,7 @@ class LocalBackend(Backend):
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=child_env(), start_new_session=True)
         self._attempts[stage] = _Attempt(proc, log)
-        self.state.update("stages", stage, pid=proc.pid, log=str(log))
+        self.state.update("stages", stage, pid=proc.pid, cmd=" ".join(cmd), log=str(log))
         return StageHandle(stage, ref=str(proc.pid), started_at=time.time(), extra={"pgid": proc.pid, "log": str(log)})
 
     def _read_new(self, a: _Attempt) -> None:
@@ -220,7 +220,7 @@ class LocalBackend(Backend):
         self._server = ServerProcess(cmd, base_url, log, env=child_env(env),
                                      startup_timeout_s=serve.startup_timeout_s, name=f"{engine} server")
         self._server.launch()
-        self.state.update("serve", None, pid=self._server.pid, engine=engine, log=str(log))
+        self.state.update("serve", None, pid=self._server.pid, cmd=" ".join(cmd), engine=engine, log=str(log))
         return self._server.wait_ready()
 
     def stop_serve(self) -> None:
@@ -236,7 +236,8 @@ class LocalBackend(Backend):
         data = RunState.read(self.state.dir)
         removed = []
         sched = data.get("scheduler_pid")
-        if sched and sched != os.getpid() and not data.get("finished") and _pid_alive(sched) and _ours(sched):
+        if (sched and sched != os.getpid() and not data.get("finished") and _pid_alive(sched)
+                and _ours(sched, data.get("scheduler_cmd"))):
             os.kill(sched, signal.SIGTERM)
             deadline = time.monotonic() + self.cancel_grace_s + 70
             while _pid_alive(sched) and time.monotonic() < deadline:
@@ -245,10 +246,11 @@ class LocalBackend(Backend):
             data = RunState.read(self.state.dir)
         for name, s in sorted(data.get("stages", {}).items()):
             pid = s.get("pid")
-            if pid and group_alive(pid) and _ours(pid) and stop_process_group(pid, self.cancel_grace_s):
+            if pid and group_alive(pid) and _ours(pid, s.get("cmd")) and stop_process_group(pid, self.cancel_grace_s):
                 removed.append(f"stage {name} (process group {pid})")
-        pid = data.get("serve", {}).get("pid")
-        if pid and group_alive(pid) and _ours(pid) and stop_process_group(pid, 60.0):
+        serve = data.get("serve", {})
+        pid = serve.get("pid")
+        if pid and group_alive(pid) and _ours(pid, serve.get("cmd")) and stop_process_group(pid, 60.0):
             removed.append(f"serve (process group {pid})")
         if data.get("serve", {}).get("pid"):
             self.state.data = RunState.read(self.state.dir) or self.state.data
@@ -275,13 +277,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _ours(pid: int) -> bool:
-    """An eagle3 / server process, not a recycled pid of something else."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return True  # the leader is gone but its group lives on (e.g. torchrun workers)
-    return any(s in cmdline for s in ("eagle3", "serve", "torch.distributed"))
+def _ours(pid: int, recorded_cmd: str | None) -> bool:
+    """The process we recorded, not a recycled pid: its command line is the one we started."""
+    current = proc_cmdline(pid)
+    if current is None:
+        return True  # the leader is gone (or no /proc) but its group lives on, e.g. torchrun workers
+    return recorded_cmd is not None and current == recorded_cmd
 
 
 __all__ = ["LocalBackend", "child_env", "last_line", "parse_progress", "write_resolved_config"]

@@ -62,7 +62,8 @@ def collect(cfg: PipelineConfig, out_dir: Path) -> list[StageSummary]:
         m = v.manifest.manifest
         s = StageSummary(name, True, "complete", m.stats, m.finished_at)
         if name in PLOTS and PLOTS[name][0] in m.keys():
-            s.plot = store.get_file(f"{cfg.run_id}/{name}/{PLOTS[name][0]}", out_dir / f"{name}-{PLOTS[name][0]}")
+            s.plot = out_dir / f"{name}-{PLOTS[name][0]}"
+            s.plot.write_bytes(store.get_bytes(f"{cfg.run_id}/{name}/{PLOTS[name][0]}"))
         out.append(s)
     return out
 
@@ -76,9 +77,10 @@ def _evaluation(cfg: PipelineConfig) -> dict[str, Any] | None:
 
 
 def to_markdown(cfg: PipelineConfig, summaries: list[StageSummary], evaluation: dict[str, Any] | None) -> str:
+    exported = any(s.name == "export" and s.complete for s in summaries)
     lines = [f"# EAGLE-3 drafter run `{cfg.run_id}`", "",
              f"- target: `{cfg.target.model}`", f"- store: `{cfg.store.uri}`",
-             f"- drafter: `{drafter_location(cfg)}`", ""]
+             f"- drafter: `{drafter_location(cfg)}`" if exported else "- drafter: not exported yet", ""]
     if evaluation:
         lines += ["## Acceptance", "", f"Mean acceptance length: **{_fmt(evaluation.get('mean_acceptance_length'))}**", ""]
         rates = evaluation.get("acceptance_rate_per_position") or []

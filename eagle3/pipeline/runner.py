@@ -72,7 +72,10 @@ def claim_run(cfg: PipelineConfig, backend: Backend, state: RunState, echo: Call
         for what in backend.down():
             echo(f"stopped {what}, left running by an earlier attempt")
     state.data["stages"], state.data["serve"] = {}, {}
-    state.set(run_id=cfg.run_id, backend=cfg.backend, scheduler_pid=os.getpid(), started_at=time.time(),
+    from eagle3.serve.process import proc_cmdline
+
+    state.set(run_id=cfg.run_id, backend=cfg.backend, scheduler_pid=os.getpid(),
+              scheduler_cmd=proc_cmdline(os.getpid()), started_at=time.time(),
               finished=False, ended_at=None, outcome=None)
 
 

@@ -102,6 +102,20 @@ def stop_process_group(pgid: int, grace_s: float, proc: subprocess.Popen | None 
 
 
 def group_alive(pgid: int) -> bool:
+    """Does any non-zombie process of the group remain? (A zombie holds no memory or GPU.)"""
+    proc = Path("/proc")
+    if proc.is_dir():
+        for d in proc.iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()  # state, ppid, pgrp, ...
+            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+        return False
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -109,6 +123,15 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def proc_cmdline(pid: int) -> str | None:
+    """The command line of a live process (Linux /proc), or None when unknown."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace") or None
 
 
 def last_line(path: Path, default: str = "(no output)") -> str:

@@ -1,0 +1,134 @@
+"""The local backend's process handling with real subprocesses: logs, progress, cancel, down, serve."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagle3.config import load_config
+from eagle3.pipeline.local import LocalBackend, child_env
+from eagle3.pipeline.runstate import RunState
+from eagle3.serve.process import ServerProcess, group_alive
+
+SCRIPT = """
+import json, sys, time, signal
+signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), sys.exit(143)))
+for i in range(1, 4):
+    print("EAGLE3_PROGRESS " + json.dumps({"stage": "x", "done": i * 10, "total": 30, "unit": "samples"}), file=sys.stderr, flush=True)
+    time.sleep(0.3)
+print("working", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+@pytest.fixture()
+def backend(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, {"store.uri": f"file://{tmp_path}/store", "run_id": "loc"})
+    b = LocalBackend(cfg, RunState(tmp_path / ".eagle3/runs/loc"), cancel_grace_s=5)
+    return b
+
+
+def _script_backend(b: LocalBackend, sleep: float) -> None:
+    b.stage_command = lambda stage, endpoint=None: [sys.executable, "-c", SCRIPT, str(sleep)]  # type: ignore[method-assign]
+
+
+def _wait(b, h, timeout=60):
+    deadline = time.time() + timeout
+    while (o := b.poll(h)) is None:
+        assert time.time() < deadline
+        time.sleep(0.1)
+    return o
+
+
+def test_a_real_stage_failing_on_missing_upstream_reports_its_error_line(backend):
+    h = backend.submit("vocab")
+    o = _wait(backend, h)
+    assert not o.succeeded
+    assert o.reason.startswith("stage vocab needs generate, which is not complete: no manifest at ")
+    assert "(log: " in o.reason and o.log_tail[-1].startswith("error: stage vocab needs generate")
+    # The child saw the resolved config the scheduler wrote.
+    assert "run_id: loc" in backend.config_path.read_text()
+    assert backend.stage_command("vocab")[-2:] == ["-c", str(backend.config_path)]
+    # A second attempt keeps the first one's log.
+    h = backend.submit("vocab")
+    _wait(backend, h)
+    assert (backend.logs_dir / "vocab.attempt-1.log").exists()
+    assert backend.logs("vocab", tail=1)[0].startswith("error: ")
+
+
+def test_progress_is_parsed_and_cancel_stops_the_process_group(backend):
+    _script_backend(backend, 30)
+    h = backend.submit("extract")
+    deadline = time.time() + 20
+    while (p := backend.progress(h)) is None or p.done < 30:
+        assert time.time() < deadline and backend.poll(h) is None
+        time.sleep(0.1)
+    assert (p.done, p.total, p.unit) == (30, 30, "samples") and p.rate and p.rate > 0
+    t = time.time()
+    backend.cancel(h)
+    assert time.time() - t < 5, "the child handles SIGTERM, so no SIGKILL wait"
+    o = backend.poll(h)
+    assert o is not None and not o.succeeded and "exit code 143" in o.reason
+    assert not group_alive(int(h.ref))
+
+
+def test_down_from_another_shell_stops_what_state_json_records(backend, tmp_path):
+    _script_backend(backend, 60)
+    h = backend.submit("train")
+    pid = int(h.ref)
+    other = LocalBackend(backend.cfg, RunState(tmp_path / ".eagle3/runs/loc"), cancel_grace_s=5)
+    removed = other.down()
+    assert removed == [f"stage train (process group {pid})"]
+    assert not group_alive(pid)
+    backend.poll(h)
+
+
+def test_train_uses_torchrun_for_more_than_one_process(backend):
+    backend.cfg.train.nproc_per_node = 2
+    cmd = backend.stage_command("train")
+    assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    assert cmd[6:10] == ["-m", "eagle3", "stage", "train"]
+    backend.cfg.train.nproc_per_node = 1
+    assert backend.stage_command("train")[1:5] == ["-m", "eagle3", "stage", "train"]
+    assert "torch.distributed.run" not in backend.stage_command("extract")
+
+
+def test_child_env_drops_config_overrides_but_keeps_the_rest(monkeypatch):
+    monkeypatch.setenv("EAGLE3_RUN_ID", "from-env")
+    monkeypatch.setenv("EAGLE3_TRAIN__LR", "1")
+    monkeypatch.setenv("EAGLE3_DEBUG", "1")
+    env = child_env()
+    assert "EAGLE3_RUN_ID" not in env and "EAGLE3_TRAIN__LR" not in env
+    assert env["EAGLE3_DEBUG"] == "1" and env["PYTHONUNBUFFERED"] == "1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_server_process_waits_for_v1_models_and_stops_for_good(tmp_path):
+    (tmp_path / "www/v1").mkdir(parents=True)
+    port = _free_port()
+    cmd = [sys.executable, "-c", f"import time, subprocess, sys; time.sleep(1); "
+           f"subprocess.run([sys.executable, '-m', 'http.server', '{port}', '--bind', '127.0.0.1', '-d', '{tmp_path}/www'])"]
+    server = ServerProcess(cmd, f"http://127.0.0.1:{port}/v1", tmp_path / "serve.log", startup_timeout_s=30)
+    server.launch()
+    (tmp_path / "www/v1/models").write_text('{"data": []}')
+    assert server.wait_ready() == f"http://127.0.0.1:{port}/v1"
+    server.stop(grace_s=5)
+    assert server.proc.poll() is not None and not group_alive(server.pid), "the http.server grandchild too"
+
+
+def test_server_process_that_dies_while_starting_says_so(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; print('boom: no model'); sys.exit(3)"]
+    server = ServerProcess(cmd, "http://127.0.0.1:9/v1", tmp_path / "serve.log", startup_timeout_s=30, name="transformers server")
+    server.launch()
+    with pytest.raises(Exception, match=r"transformers server exited with code 3 while starting; see .*: boom: no model"):
+        server.wait_ready()
