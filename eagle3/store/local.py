@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,19 +47,20 @@ class LocalStore(ObjectStore):
         path = self._path(key)
         try:
             f = open(path, "rb")
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise StoreError(f"missing object {self.uri}/{key}") from None
         with f:
             yield f
 
     def size(self, key: str) -> int | None:
         try:
-            return self._path(key).stat().st_size
-        except FileNotFoundError:
+            st = self._path(key).stat()
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        return st.st_size if stat.S_ISREG(st.st_mode) else None  # a folder is not an object
 
     def list(self, prefix: str) -> list[str]:
-        base = self.root / prefix.strip("/") if prefix.strip("/") else self.root
+        base = self.root / validate_key(prefix.strip("/")) if prefix.strip("/") else self.root
         if not base.is_dir():
             return []
         keys = []
