@@ -1,0 +1,162 @@
+"""`eagle3ctl run pipeline` end to end on the tiny targets through the real local backend.
+
+Real pieces only: `transformers serve` for the target, every stage as a subprocess, a
+file:// store. Concurrency is asserted from the start/end times the run records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3.data.tokenized import read_tokenized  # noqa: F401  (fails early if the contract module moved)
+from eagle3.stages import ORDER, STAGES
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+RUN_TIMEOUT_S = 900
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def target_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny-target-cache")
+
+
+def write_config(workdir: Path, arch: str, cache: Path, **over) -> Path:
+    """examples/tiny*.yaml, made smaller still, on a free port."""
+    example = EXAMPLES / ("tiny.yaml" if arch == "llama" else "tiny-deepseek.yaml")
+    cfg = yaml.safe_load(example.read_text())
+    cfg["store"]["uri"] = f"file://{workdir / 'store'}"
+    cfg["target"]["cache_dir"] = str(cache)
+    cfg["serve"]["port"] = _free_port()
+    cfg["generate"].update(max_samples=10, max_tokens=24, concurrency=2)
+    cfg["train"].update(max_steps=4, checkpoint_every=2)
+    cfg["evaluate"].update(num_prompts=2, max_new_tokens=12)
+    for dotted, value in over.items():
+        section, key = dotted.split(".")
+        cfg[section][key] = value
+    path = workdir / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def eagle3ctl(workdir: Path, *args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
+    return subprocess.run([sys.executable, "-m", "eagle3.cli.app", *args], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_eagle3ctl(workdir: Path, *args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
+    return subprocess.Popen([sys.executable, "-m", "eagle3.cli.app", *args], cwd=workdir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def recorded(workdir: Path, run_id: str) -> dict:
+    return json.loads((workdir / ".eagle3/runs" / run_id / "state.json").read_text())
+
+
+def manifests(store: Path, run_id: str) -> dict[str, bytes]:
+    return {n: (store / run_id / n / "manifest.json").read_bytes()
+            for n in ORDER if (store / run_id / n / "manifest.json").exists()}
+
+
+def assert_every_sample_once(store: Path, run_id: str) -> None:
+    from eagle3.extract.shards import read_shard
+
+    ids = [json.loads(ln)["id"] for ln in (store / run_id / "generate/raw_responses.jsonl").read_text().splitlines()]
+    assert len(ids) == len(set(ids)), "a generated sample appears twice"
+    tok = read_tokenized(store / run_id / "generate/tokenized.safetensors")
+    tok_ids = [int(i) for i in tok.sample_ids]
+    assert len(tok_ids) == len(set(tok_ids))
+    shard_ids = []
+    for shard in sorted((store / run_id / "extract/shards").glob("shard-*.safetensors")):
+        shard_ids += [int(i) for i in read_shard(shard).sample_ids]
+    assert sorted(shard_ids) == sorted(tok_ids), "every tokenized sample is extracted exactly once"
+
+
+def assert_schedule(state: dict) -> None:
+    st, serve = state["stages"], state["serve"]
+    for name in ORDER:
+        for up in STAGES[name].needs:
+            assert st[up]["ended_at"] <= st[name]["started_at"], f"{name} started before {up} ended"
+    # The server stops once generate has committed, and before the first GPU stage starts.
+    assert st["generate"]["ended_at"] <= serve["ended_at"] <= st["extract"]["started_at"]
+    # vocab (CPU) is not held back by the GPU stage: it starts before extract ends.
+    assert st["vocab"]["started_at"] < st["extract"]["ended_at"]
+    gpu = sorted((st[n]["started_at"], st[n]["ended_at"]) for n in ORDER if STAGES[n].resource == "gpu")
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(gpu, gpu[1:])), "GPU stages overlapped"
+
+
+@pytest.mark.parametrize("arch", ["llama", "deepseek"])
+def test_tiny_pipeline_end_to_end_then_rerun_skips(tmp_path, target_cache, arch):
+    config = write_config(tmp_path, arch, target_cache)
+    run_id = yaml.safe_load(config.read_text())["run_id"]
+    r = eagle3ctl(tmp_path, "run", "pipeline", "-c", str(config))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "drafter: " in r.stdout and "report: " in r.stdout
+    drafter = Path(r.stdout.split("drafter: ")[1].splitlines()[0])
+    assert json.loads((drafter / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert Path(r.stdout.split("report: ")[1].splitlines()[0]).exists()
+    state = recorded(tmp_path, run_id)
+    assert {n: s["state"] for n, s in state["stages"].items()} == {n: "done" for n in ORDER}
+    assert_schedule(state)
+    assert_every_sample_once(tmp_path / "store", run_id)
+    before = manifests(tmp_path / "store", run_id)
+
+    t = time.monotonic()
+    r = eagle3ctl(tmp_path, "run", "pipeline", "-c", str(config))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert time.monotonic() - t < 60
+    for name in ORDER:
+        assert f"{name}: skipped (complete, input key matches manifest of " in r.stdout
+    assert manifests(tmp_path / "store", run_id) == before
+
+    r = eagle3ctl(tmp_path, "verify", "-c", str(config), "--deep")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = eagle3ctl(tmp_path, "status", "-c", str(config), "--json")
+    assert [s["state"] for s in json.loads(r.stdout)["stages"]] == ["complete"] * len(ORDER)
+
+
+def test_killed_at_random_points_the_pipeline_resumes_to_completion(tmp_path, target_cache):
+    rng = random.Random(int(os.environ.get("EAGLE3_TEST_SEED", time.time())))
+    config = write_config(tmp_path, "llama", target_cache)
+    run_id = yaml.safe_load(config.read_text())["run_id"]
+    store = tmp_path / "store"
+    committed: dict[str, bytes] = {}
+    for attempt in range(3):
+        proc = start_eagle3ctl(tmp_path, "run", "pipeline", "-c", str(config))
+        time.sleep(rng.uniform(3, 25))
+        sig = rng.choice([signal.SIGTERM, signal.SIGKILL])
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=180)
+        if sig == signal.SIGTERM:  # stopped cleanly (or it had finished, or not yet installed its handler)
+            assert proc.returncode in (0, 130, -signal.SIGTERM), out[-3000:]
+        now = manifests(store, run_id)
+        for name, raw in committed.items():
+            assert now[name] == raw, f"attempt {attempt}: committed manifest of {name} changed"
+        committed = now
+    r = eagle3ctl(tmp_path, "run", "pipeline", "-c", str(config))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    final = manifests(store, run_id)
+    assert set(final) == set(ORDER)
+    for name, raw in committed.items():
+        assert final[name] == raw, f"committed manifest of {name} changed on resume"
+    assert_every_sample_once(store, run_id)
