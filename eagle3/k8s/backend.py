@@ -117,7 +117,7 @@ class KubernetesBackend(Backend):
                 if fatal or line.startswith(("exit code", "OOMKilled")):
                     raise StageError(f"the server did not start: {line}")
                 if line.startswith("Pending"):
-                    pending_since = pending_since or self.clock()
+                    pending_since = self.clock() if pending_since is None else pending_since
                     if self.clock() - pending_since > self.pending_timeout_s:
                         raise StageError(f"the server did not start: {line}")
             try:
@@ -175,7 +175,7 @@ class KubernetesBackend(Backend):
             self._create(obj, replace=obj["kind"] == "Service")
         _, rv = self.api.list(job["kind"], field_selector=f"metadata.name={name}")
         return StageHandle(stage, name, time.time(), {"kind": job["kind"], "rv": rv, "job": None, "reported": set(),
-                                                     "pending_since": None, "progress_at": 0.0, "progress": None})
+                                                     "pending_since": None, "progress_at": None, "progress": None})
 
     def _wait_object_gone(self, kind: str, name: str) -> None:
         deadline = self.clock() + GONE_TIMEOUT_S
@@ -226,7 +226,8 @@ class KubernetesBackend(Backend):
         fatal = next((line for line, f in problems if f), None)
         pending = next((line for line, _ in problems if line.startswith("Pending")), None)
         if pending and all(p["status"].get("phase") == "Pending" for p in pods):
-            handle.extra["pending_since"] = handle.extra["pending_since"] or self.clock()
+            if handle.extra["pending_since"] is None:
+                handle.extra["pending_since"] = self.clock()
             if self.clock() - handle.extra["pending_since"] > self.pending_timeout_s:
                 fatal = f"{pending} (still Pending after {self.pending_timeout_s:.0f}s)"
         else:
@@ -240,7 +241,7 @@ class KubernetesBackend(Backend):
         from eagle3.pipeline.local import parse_progress
 
         x = handle.extra
-        if self.clock() - x["progress_at"] < PROGRESS_EVERY_S:
+        if x["progress_at"] is not None and self.clock() - x["progress_at"] < PROGRESS_EVERY_S:
             return x["progress"]
         x["progress_at"] = self.clock()
         for line in reversed(self.logs(handle.stage, tail=50)):
