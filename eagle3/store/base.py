@@ -110,9 +110,16 @@ class ObjectStore(ABC):
     def get_file(self, key: str, path: Path) -> Path:
         """Copy an object to a local file (no copy when the store is local)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        with self.reader(key) as r, open(path, "wb") as f:
-            while chunk := r.read(CHUNK):
-                f.write(chunk)
+        # Download beside the target and rename: a dropped connection never leaves a
+        # half file where a later run could take it for the object.
+        tmp = path.with_name(f".{path.name}.partial")
+        try:
+            with self.reader(key) as r, open(tmp, "wb") as f:
+                while chunk := r.read(CHUNK):
+                    f.write(chunk)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     def exists(self, key: str) -> bool:

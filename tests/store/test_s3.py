@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +130,13 @@ def test_unreachable_endpoint_fails_fast(s3_store_uri: str, monkeypatch: pytest.
     store = open_store(s3_store_uri)
     with pytest.raises(StoreError, match="cannot reach S3 endpoint"):
         store.check()
+
+
+def test_get_file_downloads_atomically(s3_store_uri: str, tmp_path: Path) -> None:
+    store = open_store(s3_store_uri)
+    store.put_bytes("r/s/obj", b"payload")
+    dest = store.get_file("r/s/obj", tmp_path / "down" / "obj")
+    assert dest.read_bytes() == b"payload"
+    with pytest.raises(StoreError, match="missing object"):
+        store.get_file("r/s/absent", tmp_path / "down" / "absent")
+    assert sorted(p.name for p in (tmp_path / "down").iterdir()) == ["obj"]  # no partial left
