@@ -64,10 +64,18 @@ def check_weights(cfg: DrafterConfig, shapes: dict[str, tuple[int, ...]], where:
 
 def save_drafter(model: Eagle3Drafter, out_dir: Path) -> tuple[Path, Path]:
     """Write drafter.safetensors (exportable names, float32) + drafter_config.json into out_dir."""
+    return save_drafter_state(model.exportable_state_dict(), model.config, out_dir)
+
+
+def save_drafter_state(state: dict[str, Tensor], cfg: DrafterConfig, out_dir: Path) -> tuple[Path, Path]:
+    """Same, from a state dict holding (at least) the exportable keys."""
+    problems = check_weights(cfg, {k: tuple(v.shape) for k, v in state.items()}, "drafter state")
+    if problems:
+        raise StageError(problems[0])
     out_dir.mkdir(parents=True, exist_ok=True)
-    weights = {k: v.detach().float().cpu().contiguous() for k, v in model.exportable_state_dict().items()}
+    weights = {k: state[k].detach().float().cpu().contiguous() for k in EXPORT_KEYS}
     save_file(weights, str(out_dir / WEIGHTS), metadata={"format": "eagle3.drafter.v1"})
-    (out_dir / CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n")
+    (out_dir / CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
     return out_dir / WEIGHTS, out_dir / CONFIG
 
 
