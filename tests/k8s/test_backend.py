@@ -229,3 +229,17 @@ def test_progress_is_parsed_from_the_pod_log(backend, api):
 
 def test_gpu_count_is_the_whole_allocation(backend):
     assert backend.gpu_count() == 8
+
+
+def test_no_credential_value_reaches_a_log_line_or_reason(backend, api):
+    from tests.k8s.conftest import SECRET_VALUES  # set in the environment by prod_cfg
+
+    h = backend.submit("generate")
+    api.upsert(pod(f"{h.ref}-s", "generate", phase="Pending",
+                   waiting={"reason": "CreateContainerConfigError", "message": 'secret "eagle3-s3" not found'}))
+    outcome = backend.poll(h)
+    assert outcome.reason == f'CreateContainerConfigError: pod {h.ref}-s: secret "eagle3-s3" not found'
+    text = "\n".join([*backend.echoed, outcome.reason, *outcome.log_tail, *map(str, api.calls)])
+    for value in SECRET_VALUES.values():
+        assert value not in text
+        assert all(value not in str(obj) for obj in api.objects.values())
