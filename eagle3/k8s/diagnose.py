@@ -4,7 +4,7 @@ from __future__ import annotations
 
 # Waiting reasons that never resolve by waiting: the stage fails at once with them.
 FATAL_WAITING = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
-                 "CreateContainerError", "CrashLoopBackOff")
+                 "CreateContainerError", "CrashLoopBackOff", "ErrImageNeverPull")
 
 
 def _statuses(pod: dict) -> list[dict]:

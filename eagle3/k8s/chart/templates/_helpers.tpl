@@ -37,9 +37,9 @@ eagle3.io/stage: {{ .stage }}
 
 {{- define "eagle3.podSecurityContext" -}}
 runAsNonRoot: true
-runAsUser: 1000
-runAsGroup: 1000
-fsGroup: 1000
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
