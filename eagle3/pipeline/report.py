@@ -149,4 +149,4 @@ def build_report(cfg: PipelineConfig, out_dir: Path | None = None, html: bool = 
     md = to_markdown(cfg, collect(cfg, out_dir), _evaluation(cfg))
     path = out_dir / ("report.html" if html else "report.md")
     path.write_text(to_html(md, out_dir) if html else md + "\n")
-    return path
+    return path.resolve()

@@ -19,7 +19,7 @@ from eagle3.config import PipelineConfig
 from eagle3.context import open_run_store
 from eagle3.errors import ConfigError, Eagle3Error
 from eagle3.pipeline.backend import Backend
-from eagle3.pipeline.live import make_view
+from eagle3.pipeline.live import LiveView, make_view
 from eagle3.pipeline.runstate import RunState, run_dir
 from eagle3.pipeline.scheduler import RunResult, Scheduler, Selection
 
@@ -103,6 +103,7 @@ class PipelineRun:
     result: RunResult
     state: RunState
     log_dir: str
+    tty: bool = False
 
 
 def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str], None],
@@ -123,7 +124,7 @@ def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str]
         raise
     outcome = "interrupted" if result.interrupted else ("ok" if result.ok else "failed")
     state.set(finished=True, ended_at=time.time(), outcome=outcome)
-    return PipelineRun(cfg, result, state, str(state.dir / "logs"))
+    return PipelineRun(cfg, result, state, str(state.dir / "logs"), tty=isinstance(view, LiveView))
 
 
 def summary_lines(run: PipelineRun) -> list[str]:
@@ -132,10 +133,10 @@ def summary_lines(run: PipelineRun) -> list[str]:
 
     r, lines = run.result, []
     for row in r.rows.values():
-        if row.state == "skipped":
+        if row.state == "skipped" and run.tty:  # plain output already said it, line by line
             lines.append(f"{row.name}: skipped ({row.reason})")
     if r.interrupted:
-        lines.append(f"interrupted: every stage and the server were stopped; rerun the same command to resume")
+        lines.append("interrupted: every stage and the server were stopped; rerun the same command to resume")
         return lines
     for f in r.failures:
         lines.append(f"stage {f.stage} failed: {f.reason}")
