@@ -1,0 +1,187 @@
+"""Train the same EAGLE-3 drafter with vllm-project/speculators, then export it in our format.
+
+Runs speculators' own entry point (``speculators.train.cli.main`` on
+``TrainConfig.resolve(argv)``, what ``python -m speculators.train`` runs) in this process,
+with a logging handler on its ``speculators.metrics`` logger to time its steps, and
+``torch.cuda.max_memory_allocated`` for its peak memory. The drafter is configured like
+ours: one Llama layer of the target's width, residual from ``fc`` (no norm before the
+residual, no norm before ``fc``, no norm on the fed-back hidden), full attention, the
+same draft vocab (our d2t/t2d), TTT steps and decay, AdamW with the same LR, warmup and
+cosine schedule, the same tokens per step and epochs.
+
+Its final checkpoint (``<save>/<epoch>/model.safetensors``: ``layers.0.*`` names) is
+written as our export directory (``config.json`` + ``model.safetensors`` with
+``midlayer.*``, ``d2t``, ``t2d``) so our evaluator decodes with it exactly as with ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+class MetricsTap(logging.Handler):
+    """Keeps speculators' metric records (dicts) with the time they were logged."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.INFO)
+        self.records: list[tuple[float, dict]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, dict):
+            self.records.append((time.perf_counter(), record.msg))
+
+
+def spec_argv(a: argparse.Namespace) -> list[str]:
+    return [
+        "--speculator-type", "eagle3",
+        "--verifier-name-or-path", a.target,
+        "--data-path", str(a.data),
+        "--save-path", str(a.save),
+        "--log-dir", str(a.save / "logs"),
+        "--draft-vocab-size", str(a.draft_vocab_size),
+        "--d2t-path", str(a.data / f"d2t-{a.draft_vocab_size}.npy"),
+        "--t2d-path", str(a.data / f"t2d-{a.draft_vocab_size}.npy"),
+        "--target-layer-ids", *[str(i) for i in a.aux_layer_ids],
+        "--num-layers", "1",
+        "--no-norm-before-fc", "--no-norm-output", "--no-norm-before-residual",
+        "--full-attention-indices", "0",
+        "--ttt-steps", str(a.ttt_steps),
+        "--ttt-step-loss-decay", str(a.ttt_decay),
+        "--loss-fn", "kl_div",
+        "--optimizer", "adamw",
+        "--lr", str(a.lr),
+        "--weight-decay", "0.0",
+        "--scheduler-type", "cosine",
+        "--scheduler-warmup-steps", str(a.warmup_steps),
+        "--epochs", str(a.epochs),
+        "--total-seq-len", str(a.total_seq_len),
+        "--train-data-ratio", str(a.train_ratio),
+        "--on-missing", "raise",
+        "--num-workers", str(a.num_workers),
+        "--log-freq", str(a.log_freq),
+        "--hidden-states-dtype", "bfloat16",
+        "--seed", "0",
+        *a.extra,
+    ]
+
+
+def steady_tokens_per_s(records: list[tuple[float, dict]], skip: float = 0.2) -> dict:
+    """Throughput between consecutive logged steps, after the first ``skip`` of them (compile, warm-up)."""
+    train = [(t, r) for t, r in records if "train" in r and r.get("profile")]
+    rates, per_step = [], []
+    for (t0, r0), (t1, r1) in zip(train, train[1:]):
+        p = r1["profile"]
+        tokens = p["tokens_per_s"] * p["step_ms"] / 1000.0
+        per_step.append(tokens)
+        steps = r1["global_step"] - r0["global_step"]
+        if t1 > t0 and steps > 0:
+            rates.append(steps * tokens / (t1 - t0))
+    kept = rates[int(len(rates) * skip):] or rates
+    return {
+        "steady_tokens_per_s": round(statistics.median(kept), 1) if kept else None,
+        "mean_tokens_per_step": round(statistics.mean(per_step), 1) if per_step else None,
+        "logged_steps": len(train),
+        "last_step": train[-1][1]["global_step"] + 1 if train else 0,
+        "final_train_metrics": train[-1][1]["train"] if train else None,
+    }
+
+
+def latest_checkpoint(save: Path) -> Path:
+    epochs = sorted((int(p.name), p) for p in save.iterdir() if p.is_dir() and p.name.isdigit())
+    if not epochs or not (epochs[-1][1] / "model.safetensors").exists():
+        raise SystemExit(f"speculators left no checkpoint under {save}")
+    return epochs[-1][1]
+
+
+def export_ours(ckpt: Path, target: str, aux_ids: list[int], out: Path) -> dict:
+    """speculators checkpoint -> our export dir (explicit key list, shape-checked)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    from eagle3.drafter.adapter import EXPORT_KEYS, check_weights
+    from eagle3.drafter.model import DrafterConfig
+    from eagle3.export.stage import export_tensors
+    from eagle3.export.vllm_config import build_vllm_config
+
+    with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
+        raw = {k: f.get_tensor(k) for k in f.keys()}
+    spec_cfg = json.loads((ckpt / "config.json").read_text())
+    layer = spec_cfg["transformer_layer_config"]
+    tcfg = AutoConfig.from_pretrained(target)
+    weights = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in raw.items()}
+    dcfg = DrafterConfig(
+        hidden_size=layer["hidden_size"], target_hidden_size=tcfg.hidden_size,
+        intermediate_size=layer["intermediate_size"], num_attention_heads=layer["num_attention_heads"],
+        num_key_value_heads=layer["num_key_value_heads"],
+        head_dim=layer.get("head_dim") or layer["hidden_size"] // layer["num_attention_heads"],
+        vocab_size=tcfg.vocab_size, draft_vocab_size=int(raw["d2t"].numel()),
+        rms_norm_eps=layer["rms_norm_eps"],
+        rope_theta=float((layer.get("rope_parameters") or {}).get("rope_theta", layer.get("rope_theta", 10000.0))),
+        max_position_embeddings=layer["max_position_embeddings"], aux_layer_ids=list(aux_ids),
+    )
+    problems = check_weights(dcfg, {k: tuple(v.shape) for k, v in weights.items()}, str(ckpt))
+    if problems:
+        raise SystemExit(f"cannot convert the speculators checkpoint: {problems[0]}")
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(export_tensors({k: weights[k] for k in EXPORT_KEYS}, raw["d2t"], raw["t2d"]),
+              str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(build_vllm_config(dcfg, list(aux_ids)), indent=2) + "\n")
+    return {"checkpoint": str(ckpt), "ignored_tensors": sorted(set(weights) - set(EXPORT_KEYS) - {"d2t", "t2d"})}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--save", type=Path, required=True)
+    ap.add_argument("--export", type=Path, required=True)
+    ap.add_argument("--out-json", type=Path, required=True)
+    ap.add_argument("--aux-layer-ids", type=int, nargs=3, required=True)
+    ap.add_argument("--draft-vocab-size", type=int, required=True)
+    ap.add_argument("--ttt-steps", type=int, default=7)
+    ap.add_argument("--ttt-decay", type=float, default=0.8)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--warmup-steps", type=int, default=50)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--total-seq-len", type=int, default=16384)
+    ap.add_argument("--train-ratio", type=float, default=0.98)
+    ap.add_argument("--num-workers", type=int, default=8)
+    ap.add_argument("--log-freq", type=int, default=5)
+    ap.add_argument("extra", nargs="*", help="more speculators flags, after --")
+    a = ap.parse_args(argv)
+
+    from speculators.train.cli import main as spec_main
+    from speculators.train.config import TrainConfig
+
+    tap = MetricsTap()
+    logging.getLogger("speculators.metrics").addHandler(tap)
+    sargv = spec_argv(a)
+    print("speculators argv: " + " ".join(sargv), flush=True)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    spec_main(TrainConfig.resolve(sargv))
+    wall = time.perf_counter() - t0
+    result = {
+        "argv": sargv,
+        "wall_seconds": round(wall, 1),
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None,
+        **steady_tokens_per_s(tap.records),
+    }
+    result["export"] = export_ours(latest_checkpoint(a.save), a.target, a.aux_layer_ids, a.export)
+    a.out_json.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "argv"}, indent=2), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
