@@ -77,7 +77,10 @@ class KubeClient:
     @classmethod
     def connect(cls, context: str | None = None, namespace: str | None = None) -> KubeClient:
         """kubeconfig (context and its namespace), or the in-cluster ServiceAccount."""
-        from kubernetes import client, config
+        try:
+            from kubernetes import client, config
+        except ImportError:
+            raise KubeError("the Kubernetes backend needs the API client: pip install 'eagle3ctl[k8s]'") from None
         from kubernetes.config.config_exception import ConfigException
 
         try:

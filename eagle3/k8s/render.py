@@ -130,8 +130,10 @@ def default_namespace(cfg: PipelineConfig) -> str:
 
 def render_chart(values: dict[str, Any], release: str, namespace: str, chart_dir: Path = CHART_DIR) -> list[dict]:
     """``helm template RELEASE CHART -n NAMESPACE -f values``: the objects, in creation order."""
-    import helm_python as helm
-
+    try:
+        import helm_python as helm
+    except ImportError:
+        raise ConfigError("the Kubernetes backend needs Helm's engine: pip install 'eagle3ctl[k8s]'") from None
     try:
         with helm.Chart.load(chart_dir) as chart:
             chart.validate_schema(values)
