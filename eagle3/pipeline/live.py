@@ -16,7 +16,8 @@ from eagle3.pipeline.backend import Progress
 from eagle3.pipeline.scheduler import Scheduler, ServeRow, StageRow
 
 STATE_STYLE = {"running": "bold cyan", "done": "green", "skipped": "dim green", "failed": "bold red",
-               "blocked": "red", "waiting": "yellow", "stopped": "magenta", "excluded": "dim"}
+               "blocked": "red", "waiting": "yellow", "stopped": "magenta", "excluded": "dim",
+               "starting": "yellow", "stopping": "yellow", "external": "dim green"}
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -58,14 +59,13 @@ def render(sched: Scheduler) -> Table:
     now = time.time()
     table = Table(title=f"eagle3ctl run {sched.cfg.run_id}", title_justify="left", expand=False)
     for col in ("stage", "state", "progress", "elapsed", "throughput", "GPU-h", "note"):
-        table.add_column(col, overflow="fold" if col == "note" else "ellipsis", no_wrap=col != "note")
-    if sched.serve.state not in ("idle",):
-        cells = serve_cells(sched.serve, now)
-        table.add_row(*cells[:1], f"[{STATE_STYLE.get(cells[1], '')}]{cells[1]}", *cells[2:])
-    for row in sched.rows.values():
-        cells = stage_cells(row, now)
-        style = STATE_STYLE.get(row.state, "")
-        table.add_row(cells[0], f"[{style}]{cells[1]}" if style else cells[1], *cells[2:])
+        table.add_column(col, overflow="fold" if col == "note" else "ellipsis", no_wrap=col != "note",
+                         min_width=24 if col == "note" else None)
+    rows = [serve_cells(sched.serve, now)] if sched.serve.state != "idle" else []
+    rows += [stage_cells(row, now) for row in sched.rows.values()]
+    for cells in rows:
+        style = STATE_STYLE.get(cells[1])
+        table.add_row(cells[0], f"[{style}]{cells[1]}[/]" if style else cells[1], *cells[2:])
     return table
 
 

@@ -91,7 +91,7 @@ class LocalBackend(Backend):
 
     def __init__(self, cfg: PipelineConfig, state: RunState, cancel_grace_s: float = CANCEL_GRACE_S) -> None:
         self.cfg, self.state, self.cancel_grace_s = cfg, state, cancel_grace_s
-        self.logs_dir = state.dir / "logs"
+        self.logs_dir = (state.dir / "logs").resolve()
         self.config_path = (state.dir / "config.yaml").resolve()
         self._config_written = False  # written on first use: `logs`/`down` from another shell must not touch it
         self._attempts: dict[str, _Attempt] = {}

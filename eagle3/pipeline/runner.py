@@ -81,20 +81,21 @@ def claim_run(cfg: PipelineConfig, backend: Backend, state: RunState, echo: Call
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (e.g. from `eagle3ctl down` or a CI timeout) stops the run like Ctrl-C."""
+    """SIGTERM (`eagle3ctl down`, a CI timeout) and SIGHUP (terminal closed) stop the run like Ctrl-C."""
 
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, h in previous.items():
+            signal.signal(sig, h)
 
 
 @dataclass
