@@ -133,6 +133,23 @@ def test_tiny_pipeline_end_to_end_then_rerun_skips(tmp_path, target_cache, arch)
     assert r.returncode == 0, r.stdout + r.stderr
     r = eagle3ctl(tmp_path, "status", "-c", str(config), "--json")
     assert [s["state"] for s in json.loads(r.stdout)["stages"]] == ["complete"] * len(ORDER)
+    if arch == "llama":
+        assert_failure_blocks_dependents_only(tmp_path, target_cache, run_id)
+
+
+def assert_failure_blocks_dependents_only(workdir: Path, cache: Path, run_id: str) -> None:
+    """vocab fails on bad input; extract (independent of it, forced to rerun) still finishes."""
+    bad = yaml.safe_load((workdir / "pipeline.yaml").read_text())
+    bad["vocab"]["draft_vocab_size"] = 100000
+    (workdir / "bad.yaml").write_text(yaml.safe_dump(bad))
+    r = eagle3ctl(workdir, "run", "pipeline", "-c", str(workdir / "bad.yaml"), "--force", "extract")
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "stage vocab failed: vocab.draft_vocab_size=100000 exceeds the target vocab size" in r.stdout
+    assert "last log lines of vocab:" in r.stdout and "Traceback" not in r.stdout + r.stderr
+    assert "not run because an upstream stage failed or is missing: train, export, evaluate" in r.stdout
+    states = {n: s["state"] for n, s in recorded(workdir, run_id)["stages"].items()}
+    assert states == {"generate": "skipped", "vocab": "failed", "extract": "done", "train": "blocked",
+                      "export": "blocked", "evaluate": "blocked"}
 
 
 def test_killed_at_random_points_the_pipeline_resumes_to_completion(tmp_path, target_cache):
