@@ -262,7 +262,11 @@ class Scheduler:
             if self.serve.state in ("external", "running"):
                 endpoint = self.serve.url
             elif self.serve.state == "failed":
-                self._fail(StageOutcome(name, False, f"the serve endpoint did not start: {self.serve.reason}"))
+                try:
+                    tail = self.backend.logs("serve", tail=10)
+                except Eagle3Error:
+                    tail = []
+                self._fail(StageOutcome(name, False, f"the serve endpoint did not start: {self.serve.reason}", tail))
                 return
             else:
                 self._wait(name, "waiting for the serve endpoint")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -19,7 +20,7 @@ def collect_status(cfg: PipelineConfig) -> list[dict[str, Any]]:
     """One record per stage: complete / incomplete (with the reason) / not run / waiting for upstream."""
     store = open_run_store(cfg)
     live = RunState.read(run_dir(cfg.run_id))
-    running = not live.get("finished", True)
+    running = run_in_progress(live)
     out: list[dict[str, Any]] = []
     complete: dict[str, Any] = {}
     for name in ORDER:
@@ -54,9 +55,23 @@ def collect_status(cfg: PipelineConfig) -> list[dict[str, Any]]:
     return out
 
 
+def run_in_progress(live: dict[str, Any]) -> bool:
+    """A run is in progress while its eagle3ctl process lives (a SIGKILLed one never wrote 'finished')."""
+    pid = live.get("scheduler_pid")
+    if not live or live.get("finished", True) or not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def run_summary(cfg: PipelineConfig) -> dict[str, Any]:
     live = RunState.read(run_dir(cfg.run_id))
     return {"run_id": cfg.run_id, "store": cfg.store.uri, "backend": cfg.backend,
-            "in_progress": bool(live) and not live.get("finished", True), "last_outcome": live.get("outcome"),
+            "in_progress": run_in_progress(live), "last_outcome": live.get("outcome"),
             "serve": {k: live.get("serve", {}).get(k) for k in ("state", "url", "pid")} if live.get("serve") else None,
             "stages": collect_status(cfg)}

@@ -135,3 +135,24 @@ def test_bad_stage_names_are_config_errors(tmp_path):
         Selection(start="trian").stages()
     with pytest.raises(ConfigError, match="--force generate"):
         Selection(start="extract", force=("generate",)).stages()
+
+
+class _ServeFails(FakeBackend):
+    """Test double whose server never comes up."""
+
+    def start_serve(self) -> str:
+        raise RuntimeError("transformers server exited with code 1 while starting")
+
+    def logs(self, stage, follow=False, tail=None):
+        return ["OSError: no such model"] if stage == "serve" else []
+
+
+def test_a_server_that_does_not_start_fails_generate_with_its_reason(tmp_path):
+    cfg, store = setup(tmp_path)
+    b = _ServeFails(cfg, store, durations=dict(DURATIONS))
+    result = Scheduler(cfg, b, store, poll_interval=0.01).run()
+    assert result.rows["generate"].state == "failed" and b.submitted == []
+    (f,) = result.failures
+    assert f.reason == "the serve endpoint did not start: transformers server exited with code 1 while starting"
+    assert f.log_tail == ["OSError: no such model"]
+    assert all(result.rows[n].state == "blocked" for n in ORDER if n != "generate")
