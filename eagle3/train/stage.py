@@ -1,0 +1,134 @@
+"""``eagle3 stage train``: the drafter trained with TTT on extract's hidden-state shards.
+
+Plain (world size 1) or under torchrun (DDP, or FSDP with ``train.strategy=fsdp``).
+Only rank 0 writes the store; ``run_stage`` has already called ``begin()`` on rank 0
+when this runs, so every rank first waits at a barrier, then reads checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+
+from eagle3.context import StageContext
+from eagle3.drafter.adapter import CONFIG, WEIGHTS, check_weights
+from eagle3.drafter.model import DrafterConfig
+from eagle3.errors import StageError
+from eagle3.extract.shards import INDEX, TARGET_HEAD, HiddenShard, read_shard
+from eagle3.manifest import Manifest, stage_prefix
+from eagle3.store import ObjectStore
+from eagle3.train.data import DataPlan, shard_refs
+from eagle3.train.loop import StopFlag, TrainJob, init_distributed, train
+from eagle3.train.metrics import parse_metrics, plot_loss
+from eagle3.vocab.mapping import draft_to_target, load_vocab_mapping
+
+
+def _target_config(ctx: StageContext, index: dict[str, Any]) -> Any:
+    """The target's HF config (heads, intermediate size); index.json's fields win where both exist."""
+    from eagle3.targets.load import load_target_config
+
+    try:
+        return load_target_config(ctx.cfg.target)
+    except Exception as e:  # noqa: BLE001 (any loader failure is one line for the user)
+        raise StageError(f"train needs the target's config ({ctx.cfg.target.model}) for the drafter shape: {e}") from None
+
+
+def _target_head(path: Path, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embed [V, H], lm_head rows of the draft vocab [N, H]) from target_head.safetensors."""
+    with safe_open(str(path), framework="pt") as f:
+        keys = set(f.keys())
+        for k in ("embed_tokens.weight", "lm_head.weight"):
+            if k not in keys:
+                raise StageError(f"{path.name} lacks {k}")
+        embed = f.get_tensor("embed_tokens.weight")
+        head = f.get_slice("lm_head.weight")
+        rows = head.get_shape()[0]
+        if int(draft_ids.max()) >= rows:
+            raise StageError(f"vocab mapping names target id {int(draft_ids.max())}, the target lm_head has {rows} rows")
+        teacher = f.get_tensor("lm_head.weight")[draft_ids]
+    return embed, teacher
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    s, env = ctx.cfg.train, init_distributed(ctx.cfg.train.device)
+    if env.distributed:
+        dist.barrier()  # rank 0 has begun the stage output (and may have wiped a stale attempt)
+    index = ctx.upstream_json("extract", INDEX)
+    refs = shard_refs(index)
+    d2t, t2d = load_vocab_mapping(ctx.upstream_path("vocab", "vocab_mapping.safetensors"))
+    vocab = int(index.get("target_vocab_size", t2d.numel()))
+    if t2d.numel() != vocab:
+        raise StageError(f"vocab mapping covers {t2d.numel()} target tokens, extract's target has {vocab}: they come from different targets")
+    target_cfg = _target_config(ctx, index)
+    drafter_cfg = DrafterConfig.from_target(target_cfg, ctx.cfg.drafter, d2t.numel(), list(index["aux_layer_ids"]))
+    if drafter_cfg.target_hidden_size != int(index["hidden_size"]) or drafter_cfg.vocab_size != vocab:
+        raise StageError(
+            f"target config (hidden {drafter_cfg.target_hidden_size}, vocab {drafter_cfg.vocab_size}) disagrees with "
+            f"extract's index (hidden {index['hidden_size']}, vocab {vocab}): target.model changed since extract"
+        )
+    embed, teacher = _target_head(ctx.upstream_path("extract", TARGET_HEAD), draft_to_target(d2t))
+
+    def open_shard(name: str) -> HiddenShard:
+        return read_shard(ctx.upstream_path("extract", name))
+
+    plan = DataPlan(refs, s.batch_tokens, s.max_seq_len, s.eval_fraction, s.seed, env.rank, env.world)
+    job = TrainJob(
+        drafter_cfg, embed, teacher, plan, open_shard, s, ctx.store, stage_prefix(ctx.run_id, "train"),
+        ctx.output, ctx.scratch, progress=ctx.progress,
+    )
+    flag = StopFlag().install()
+    try:
+        result = train(job, env, flag)
+    finally:
+        flag.restore()
+    out = ctx.output
+    if out is not None:
+        from eagle3.drafter.adapter import save_drafter_state
+
+        final = ctx.scratch / "final"
+        save_drafter_state(result["state"], drafter_cfg, final)
+        out.put_file(WEIGHTS, final / WEIGHTS)
+        out.put_file(CONFIG, final / CONFIG)
+        log = result["log"]
+        out.put_file("metrics.jsonl", log.path)
+        for p in log.tb_files():
+            out.put_file(f"tensorboard/{p.relative_to(log.tb_dir).as_posix()}", p)
+        plot_loss(log.records, final / "loss.png", s.ttt_steps)
+        out.put_file("loss.png", final / "loss.png")
+    if env.distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    return {**result["stats"], "draft_vocab_size": drafter_cfg.draft_vocab_size, "aux_layer_ids": drafter_cfg.aux_layer_ids}
+
+
+def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:
+    """drafter.safetensors agrees with drafter_config.json; metrics.jsonl parses."""
+    prefix = stage_prefix(manifest.run_id, manifest.stage)
+    problems: list[str] = []
+    try:
+        cfg = DrafterConfig.from_dict(json.loads(store.get_bytes(f"{prefix}/{CONFIG}")))
+    except (ValueError, TypeError) as e:
+        return [f"{prefix}/{CONFIG} does not parse as a drafter config: {e}"]
+    except StageError as e:
+        return [f"{prefix}/{CONFIG}: {e}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        local = store.local_path(f"{prefix}/{WEIGHTS}") or store.get_file(f"{prefix}/{WEIGHTS}", Path(tmp) / WEIGHTS)
+        try:
+            with safe_open(str(local), framework="pt") as f:
+                shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        except Exception as e:  # noqa: BLE001 (safetensors raises its own error types)
+            return [f"{prefix}/{WEIGHTS} is not a readable safetensors file: {e}"]
+    problems += check_weights(cfg, shapes, f"{prefix}/{WEIGHTS}")
+    try:
+        records = parse_metrics(store.get_bytes(f"{prefix}/metrics.jsonl").decode())
+        if not records:
+            problems.append(f"{prefix}/metrics.jsonl holds no records")
+    except ValueError as e:
+        problems.append(f"{prefix}/metrics.jsonl does not parse: {e}")
+    return problems

@@ -1,0 +1,58 @@
+import random
+
+import torch
+
+from eagle3.extract.shards import HiddenShard
+from eagle3.train.data import DataPlan, ShardRef, collate, is_eval_sample, plan_batches
+from eagle3.train.schedule import lr_factor
+
+
+def fake_shard(lengths: list[int], first_id: int = 0, h: int = 4) -> HiddenShard:
+    """A shard of random hidden states (float32) with the given sample lengths."""
+    t = sum(lengths)
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    return HiddenShard(torch.arange(t, dtype=torch.int32), torch.ones(t, dtype=torch.uint8), offsets,
+                       torch.arange(first_id, first_id + len(lengths)), torch.randn(t, 3 * h), torch.randn(t, h))
+
+
+def test_plan_batches_buckets_and_covers_every_sample_once():
+    lengths = [random.Random(i).randint(3, 50) for i in range(60)]
+    batches = plan_batches(lengths, 128, random.Random(0))
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(60))
+    assert all(max(lengths[i] for i in b) * len(b) <= 128 for b in batches)
+    assert plan_batches(lengths, 128, random.Random(0)) == batches  # seeded
+
+
+def test_eval_hold_out_is_deterministic_and_near_fraction():
+    held = [i for i in range(10_000) if is_eval_sample(i, 0.1, 0)]
+    assert 800 < len(held) < 1200
+    assert held == [i for i in range(10_000) if is_eval_sample(i, 0.1, 0)]
+    assert not any(is_eval_sample(i, 0.0, 0) for i in range(100))
+
+
+def test_ranks_split_shards_and_resume_skip_replays_the_tail():
+    shards = {f"s{i}": fake_shard([5 + (j * 7 + i) % 20 for j in range(12)], first_id=100 * i) for i in range(4)}
+    refs = [ShardRef(n, 12, int(s.offsets[-1])) for n, s in shards.items()]
+    plans = [DataPlan(refs, 64, 16, 0.2, 0, rank, 2) for rank in range(2)]
+    assert sorted(plans[0].rank_shards(0) + plans[1].rank_shards(0)) == [0, 1, 2, 3]
+    full = [b.input_ids for b in plans[0].iterate(shards.__getitem__, 0, torch.float32)]
+    tail = [b.input_ids for b in plans[0].iterate(shards.__getitem__, 0, torch.float32, skip=3)]
+    assert len(tail) == len(full) - 3 and all(torch.equal(a, b) for a, b in zip(full[3:], tail))
+    ev = [b for b in plans[0].iterate(shards.__getitem__, 0, torch.float32, train=False)]
+    assert ev and all(t.shape[1] <= 16 for t in full + [b.input_ids for b in ev])  # max_seq_len cuts
+
+
+def test_collate_pads_right_and_cuts():
+    s = fake_shard([3, 6])
+    b = collate(s, [0, 1], max_seq_len=5, dtype=torch.float32, pad_to=4)
+    assert b.input_ids.shape == (2, 8) and b.tokens == 3 + 5
+    assert b.loss_mask[0].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert torch.equal(b.aux_hidden[1, :5], s.aux_hidden[3:8])
+
+
+def test_lr_schedule_warmup_then_cosine_to_min():
+    f = [lr_factor(s, 4, 20, 0.1) for s in range(25)]
+    assert f[0] == 0.25 and f[3] == 1.0
+    assert all(a >= b for a, b in zip(f[3:], f[4:]))
+    assert abs(f[20] - 0.1) < 1e-9 and f[24] == f[20]

@@ -1,0 +1,150 @@
+"""The train stage on real upstream stages: fabricated generate, real vocab, real extract of tiny-llama."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from safetensors.torch import save as save_safetensors
+from transformers import AutoConfig
+
+from eagle3.context import run_stage
+from eagle3.drafter.adapter import load_drafter
+from eagle3.errors import StageError
+from eagle3.manifest import read_manifest, verify_stage
+from eagle3.store import open_store
+from eagle3.targets.tiny import builtin_target_dir
+from eagle3.train import stage as train_stage
+from eagle3.train.loop import StopFlag
+from eagle3.train.metrics import parse_metrics
+from eagle3.config import PipelineConfig, load_config
+from tests.extract.pipeline import commit_generate, random_samples
+
+TRAIN = {
+    "train.max_steps": 6, "train.batch_tokens": 160, "train.max_seq_len": 48, "train.log_every": 1,
+    "train.checkpoint_every": 2, "train.warmup_steps": 2, "train.eval_fraction": 0.1, "train.ttt_steps": 3,
+    "train.device": "cpu", "train.lr": 1e-3,
+}
+UPSTREAM = {"vocab.draft_vocab_size": 64, "extract.shard_tokens": 400, "extract.device": "cpu"}
+
+
+def pipeline_config(store_dir: Path, cache_dir: Path, **overrides) -> PipelineConfig:
+    base = {"store.uri": f"file://{store_dir}", "run_id": "t", "target.model": str(builtin_target_dir("llama", cache_dir))}
+    return load_config(None, {**base, **overrides})
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory, tiny_llama_cache_dir) -> tuple[Path, Path]:
+    """(store dir with generate, vocab, extract committed; target cache dir)."""
+    root = tmp_path_factory.mktemp("train-upstream")
+    cfg = pipeline_config(root / "store", tiny_llama_cache_dir, **UPSTREAM)
+    samples = random_samples(40, lo=8, hi=40)
+    vocab = AutoConfig.from_pretrained(builtin_target_dir("llama", tiny_llama_cache_dir)).vocab_size
+    counts = torch.zeros(vocab, dtype=torch.int64)
+    for _, ids, mask in samples:
+        counts += torch.bincount(torch.tensor(ids)[torch.tensor(mask).bool()], minlength=vocab)
+    commit_generate(cfg, samples, root, extra={"token_freq.safetensors": save_safetensors({"counts": counts})})
+    run_stage(cfg, "vocab")
+    run_stage(cfg, "extract")
+    return root / "store", tiny_llama_cache_dir
+
+
+def fresh_config(upstream, tmp_path, **extra):
+    store_dir, cache = upstream
+    shutil.copytree(store_dir, tmp_path / "store")
+    return pipeline_config(tmp_path / "store", cache, **UPSTREAM, **TRAIN, **extra)
+
+
+def test_train_commits_drafter_metrics_and_last_two_checkpoints(upstream, tmp_path):
+    cfg = fresh_config(upstream, tmp_path)
+    stats = run_stage(cfg, "train")
+    assert stats["steps"] == 6 and stats["world_size"] == 1 and stats["tokens"] > 0
+    assert {f"final_acc_{k}" for k in range(3)} <= set(stats) and "eval_loss_0" in stats
+    store = open_store(cfg.store.uri)
+    m = read_manifest(store, "t", "train").manifest
+    keys = m.keys()
+    assert {"drafter.safetensors", "drafter_config.json", "metrics.jsonl", "loss.png"} <= set(keys)
+    assert any(k.startswith("tensorboard/") for k in keys)
+    assert sorted({k.split("/")[1] for k in m.keys("checkpoints/")}) == ["step-0000004", "step-0000006"]
+    assert not store.exists("t/train/checkpoints/step-0000002/state.json")
+    assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
+    records = parse_metrics(store.get_bytes("t/train/metrics.jsonl").decode())
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "loss_2", "acc_2"} <= set(records[0])
+    head = load_file(store.local_path("t/extract/target_head.safetensors"))
+    drafter = load_drafter(store.local_path("t/train/drafter.safetensors"), head["embed_tokens.weight"])
+    assert drafter.config.draft_vocab_size == 64 and drafter.config.aux_layer_ids == stats["aux_layer_ids"]
+
+
+class StopAtCall(StopFlag):
+    """Test double for the SIGTERM flag: reports a stop request on its n-th check."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n, self.calls = n, 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return self.calls >= self.n
+
+    def install(self) -> StopAtCall:
+        return self
+
+
+def test_stop_then_rerun_continues_the_same_loss_trajectory(upstream, tmp_path, monkeypatch):
+    whole = run_stage(fresh_config(upstream, tmp_path / "a"), "train")
+    assert whole is not None
+    cfg = fresh_config(upstream, tmp_path / "b")
+    monkeypatch.setattr(train_stage, "StopFlag", lambda: StopAtCall(4))  # stop before the 4th step
+    with pytest.raises(StageError, match="stopped on request at step 3"):
+        run_stage(cfg, "train")
+    store = open_store(cfg.store.uri)
+    assert read_manifest(store, "t", "train") is None
+    assert store.exists("t/train/checkpoints/step-0000003/state.json")
+    monkeypatch.undo()
+    resumed = run_stage(cfg, "train")
+    assert resumed["resumed_from_step"] == 3 and resumed["steps"] == 6
+    a = parse_metrics(open_store(f"file://{tmp_path / 'a' / 'store'}").get_bytes("t/train/metrics.jsonl").decode())
+    b = parse_metrics(store.get_bytes("t/train/metrics.jsonl").decode())
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
+    for ra, rb in zip(a, b):
+        for k in ("loss", "loss_0", "loss_2", "acc_1", "grad_norm", "lr"):
+            assert rb[k] == pytest.approx(ra[k], rel=1e-5, abs=1e-7), (ra["step"], k)
+
+
+def test_sigterm_sets_the_stop_flag():
+    flag = StopFlag().install()
+    try:
+        assert not flag()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert flag()
+    finally:
+        flag.restore()
+
+
+@pytest.mark.slow
+def test_torchrun_two_cpu_processes_over_gloo(upstream, tmp_path):
+    cfg = fresh_config(upstream, tmp_path, **{"train.max_steps": 2, "train.checkpoint_every": 2})
+    conf = tmp_path / "cfg.yaml"
+    conf.write_text(yaml.safe_dump(json.loads(cfg.model_dump_json())))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EAGLE3_DEBUG": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+           "-m", "eagle3.cli.stage", "stage", "train", "--config", str(conf)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    store = open_store(cfg.store.uri)
+    m = read_manifest(store, "t", "train").manifest
+    assert m.stats["world_size"] == 2 and m.stats["steps"] == 2 and m.stats["strategy"] == "ddp"
+    assert sorted({k.split("/")[1] for k in m.keys("checkpoints/")}) == ["step-0000002"]
+    assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
+    torch.testing.assert_close(load_file(store.local_path("t/train/drafter.safetensors"))["fc.weight"].sum(),
+                               load_file(store.local_path("t/train/checkpoints/step-0000002/model.safetensors"))["drafter.fc.weight"].sum())
