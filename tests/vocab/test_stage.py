@@ -16,6 +16,7 @@ from safetensors.torch import save as save_bytes
 from typer.testing import CliRunner, Result
 
 from eagle3.cli.app import app
+from eagle3.cli.stage import app as stage_app
 from eagle3.config import load_config
 from eagle3.manifest import StageOutput, read_manifest, verify_stage
 from eagle3.store import open_store
@@ -31,6 +32,11 @@ def _eagle3(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     return subprocess.run(
         [sys.executable, "-m", "eagle3", *args], capture_output=True, text=True, timeout=120, env=env or os.environ.copy()
     )
+
+
+def _eagle3_in_process(*args: str, env: dict[str, str] | None = None) -> Result:
+    """``eagle3 stage …`` through the same typer app, without a new interpreter."""
+    return CliRunner().invoke(stage_app, list(args), env=env)
 
 
 def _eagle3ctl(*args: str) -> Result:
@@ -75,8 +81,8 @@ def test_stage_commits_mapping_and_coverage(fabricated_generate: tuple[Path, tor
     # Verified deep (sha256 + content check) by the user's command; a rerun skips.
     r = _eagle3ctl("verify", "-c", str(cfg_path), "--stage", "vocab", "--deep")
     assert r.exit_code == 0 and "vocab: ok (3 objects, deep)" in r.stdout, r.output
-    r = _eagle3("stage", "vocab", "-c", str(cfg_path))
-    assert r.returncode == 0 and "already complete" in r.stderr
+    r = _eagle3_in_process("stage", "vocab", "-c", str(cfg_path))
+    assert r.exit_code == 0 and "already complete" in r.output
 
 
 def test_unseen_tokens_fill_the_vocab(tmp_path: Path) -> None:
@@ -96,17 +102,16 @@ def test_unseen_tokens_fill_the_vocab(tmp_path: Path) -> None:
 
 def test_draft_vocab_larger_than_target_is_one_line_error(fabricated_generate: tuple[Path, torch.Tensor]) -> None:
     cfg_path, _ = fabricated_generate
-    env = {**os.environ, "EAGLE3_VOCAB__DRAFT_VOCAB_SIZE": str(V + 1)}
-    r = _eagle3("stage", "vocab", "-c", str(cfg_path), env=env)
-    assert r.returncode == 1
-    assert r.stderr.strip().splitlines()[-1].startswith(f"error: vocab.draft_vocab_size={V + 1} exceeds the target vocab size {V}")
-    assert "Traceback" not in r.stderr
+    r = _eagle3_in_process("stage", "vocab", "-c", str(cfg_path), env={"EAGLE3_VOCAB__DRAFT_VOCAB_SIZE": str(V + 1)})
+    assert r.exit_code == 1
+    assert r.output.startswith(f"error: vocab.draft_vocab_size={V + 1} exceeds the target vocab size {V} (from file://")
+    assert r.output.count("\n") == 1
 
 
 def test_missing_upstream_is_one_line_error(tmp_path: Path) -> None:
-    r = _eagle3("stage", "vocab", "--store", f"file://{tmp_path}", "--run-id", "r9")
-    assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.strip() == f"error: stage vocab needs generate, which is not complete: no manifest at file://{tmp_path}/r9/generate/manifest.json"
+    r = _eagle3_in_process("stage", "vocab", "--store", f"file://{tmp_path}", "--run-id", "r9")
+    assert r.exit_code == 1
+    assert r.output.strip() == f"error: stage vocab needs generate, which is not complete: no manifest at file://{tmp_path}/r9/generate/manifest.json"
 
 
 def test_deep_check_catches_a_tampered_mapping(fabricated_generate: tuple[Path, torch.Tensor]) -> None:
@@ -153,8 +158,7 @@ def test_stage_runs_on_s3(s3_store_uri: str, tmp_path: Path) -> None:
     cfg = load_config(None, {"run_id": "r3", "store.uri": s3_store_uri, "vocab.draft_vocab_size": 50})
     store = open_store(cfg.store.uri)
     commit_fabricated_generate(store, cfg, vocab_size=300)
-    r = _eagle3("stage", "vocab", "--store", s3_store_uri, "--run-id", "r3", env={
-        **os.environ, "EAGLE3_VOCAB__DRAFT_VOCAB_SIZE": "50"})
-    assert r.returncode == 0, r.stderr
+    r = _eagle3_in_process("stage", "vocab", "--store", s3_store_uri, "--run-id", "r3", env={"EAGLE3_VOCAB__DRAFT_VOCAB_SIZE": "50"})
+    assert r.exit_code == 0, r.output
     v = verify_stage(store, "r3", "vocab", deep=True, content_check=deep_check)
     assert v.complete, v.problems
