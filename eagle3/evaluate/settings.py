@@ -16,3 +16,5 @@ class EvaluateSettings(BaseModel):
     engine: str = Field("hf", pattern="^(hf|vllm)$", description="hf: offline speculative decoding with transformers; "
                         "vllm: serve target + drafter with speculative_config and read vLLM's metrics.")
     device: str = Field("auto")
+    check_greedy: int = Field(8, ge=0, description="hf engine: prompts whose speculative output is also compared "
+                              "with the target's plain greedy output (verification correctness).")

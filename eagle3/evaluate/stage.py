@@ -1,0 +1,168 @@
+"""The evaluate stage: acceptance length of the exported drafter on held-out prompts.
+
+engine ``hf``: offline greedy speculative decoding with the HF target verifying chains of
+``num_draft_tokens`` drafts (:mod:`eagle3.evaluate.spec_decode`); the first
+``check_greedy`` prompts are also decoded plainly and must give identical tokens.
+engine ``vllm``: the export served by vLLM, acceptance read from vLLM's own metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from eagle3.context import StageContext
+from eagle3.errors import StageError
+from eagle3.evaluate.prompts import held_out_prompts
+from eagle3.evaluate.report import plot_acceptance, summarize, summarize_counts
+from eagle3.export.stage import CONFIG as EXPORT_CONFIG
+from eagle3.export.stage import MODEL as EXPORT_MODEL
+from eagle3.export.vllm_config import drafter_config_from_export
+from eagle3.manifest import Manifest
+from eagle3.store import ObjectStore
+
+REPORT = "report.json"
+PLOT = "acceptance.png"
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        ids.update([eos] if isinstance(eos, int) else list(eos or []))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def _render(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _evaluate_hf(ctx: StageContext, prompts: list[list[int]], sample_ids: list[int]) -> dict[str, Any]:
+    from eagle3.drafter.adapter import load_drafter
+    from eagle3.evaluate.spec_decode import SpeculativeDecoder, greedy_generate
+    from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+    from eagle3.extract.loading import load_target, resolve_device
+    from eagle3.targets.load import load_tokenizer, num_layers
+
+    ev = ctx.cfg.evaluate
+    config = ctx.upstream_json("export", EXPORT_CONFIG)
+    dcfg = drafter_config_from_export(config)
+    weights = ctx.upstream_path("export", EXPORT_MODEL)
+    with safe_open(str(weights), framework="pt") as f:
+        d2t = f.get_tensor("d2t")
+    device = resolve_device(ev.device)
+    target = load_target(ctx.cfg.target, device)
+    embed = target.get_input_embeddings().weight
+    drafter = load_drafter(weights, embed, dcfg).to(device=embed.device, dtype=embed.dtype).eval()
+    eos = _eos_ids(load_tokenizer(ctx.cfg.target), target)
+    stack = find_decoder_stack(target, num_layers(target.config))
+
+    lengths, accepted_at, per_prompt = [], [0] * ev.num_draft_tokens, []
+    generated = matches = checked = 0
+    t0 = time.perf_counter()
+    with HiddenCapture(stack, dcfg.aux_layer_ids) as capture:
+        decoder = SpeculativeDecoder(target, capture, drafter, d2t, ev.num_draft_tokens, eos)
+        for i, (sid, prompt) in enumerate(zip(sample_ids, prompts)):
+            r = decoder.generate(prompt, ev.max_new_tokens)
+            lengths += r.accept_lengths
+            accepted_at = [a + b for a, b in zip(accepted_at, r.accepted_at)]
+            generated += len(r.tokens)
+            row: dict[str, Any] = {"id": sid, "prompt_tokens": len(prompt), "tokens_generated": len(r.tokens),
+                                   "verify_steps": r.steps,
+                                   "mean_acceptance_length": round(sum(r.accept_lengths) / r.steps, 4) if r.steps else None}
+            if i < ev.check_greedy:
+                row["matches_greedy"] = r.tokens == greedy_generate(target, prompt, ev.max_new_tokens, eos)
+                checked += 1
+                matches += row["matches_greedy"]
+            per_prompt.append(row)
+            ctx.progress(i + 1, len(prompts), "prompts", mean_acceptance_length=round(sum(lengths) / max(len(lengths), 1), 3))
+    report = summarize(ev.num_draft_tokens, lengths, accepted_at, generated)
+    report["greedy_check"] = {"prompts_checked": checked, "prompts_matching": matches, "all_match": matches == checked}
+    report["per_prompt"] = per_prompt
+    report["decode_s"] = round(time.perf_counter() - t0, 3)
+    report["aux_layer_ids"] = dcfg.aux_layer_ids
+    return report
+
+
+def _evaluate_vllm(ctx: StageContext, prompts: list[list[int]]) -> dict[str, Any]:
+    from eagle3.evaluate.vllm_engine import run_vllm
+    from eagle3.targets.load import resolve_target
+
+    ev = ctx.cfg.evaluate
+    export_dir = ctx.upstream_path("export", EXPORT_CONFIG).parent
+    ctx.upstream_path("export", EXPORT_MODEL)  # both files side by side in export_dir
+    counts = run_vllm(resolve_target(ctx.cfg.target), export_dir, prompts, ev.num_draft_tokens, ev.max_new_tokens,
+                      ctx.cfg.target.trust_remote_code)
+    report = summarize_counts(ev.num_draft_tokens, counts["drafts"], counts["draft_tokens"], counts["accepted"],
+                              counts["accepted_per_position"], counts["tokens_generated"])
+    report["greedy_check"] = None  # vLLM verifies; there is no plain run to compare with here
+    return report
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    from eagle3.targets.load import load_tokenizer
+
+    out = ctx.output
+    if out is None:
+        return {}
+    ev = ctx.cfg.evaluate
+    held = held_out_prompts(ctx.cfg)
+    tokenizer = load_tokenizer(ctx.cfg.target)
+    prompts = [_render(tokenizer, p.messages) for p in held.prompts]
+    if not prompts:
+        raise StageError("evaluate: no prompts to evaluate on")
+    sample_ids = [p.sample_id for p in held.prompts]
+    report = _evaluate_vllm(ctx, prompts) if ev.engine == "vllm" else _evaluate_hf(ctx, prompts, sample_ids)
+    report = {"engine": ev.engine, "num_prompts": len(prompts), "prompt_source": held.source,
+              "held_out": held.held_out, "max_new_tokens": ev.max_new_tokens, **report}
+    if report.get("greedy_check") and not report["greedy_check"]["all_match"]:
+        # Not fatal (near-ties in low precision can flip an argmax), but loud.
+        report["warning"] = "speculative output differs from plain greedy output on some prompts"
+    out.put_json(REPORT, report)
+    path = ctx.scratch / PLOT
+    plot_acceptance(report, path)
+    out.put_file(PLOT, path)
+    keys = ("engine", "num_prompts", "held_out", "mean_acceptance_length", "draft_acceptance_rate", "verify_steps",
+            "tokens_generated", "draft_tokens_proposed", "draft_tokens_accepted")
+    stats = {k: report.get(k) for k in keys}
+    stats["acceptance_rate_per_position"] = report["acceptance_rate_per_position"]
+    if report.get("greedy_check"):
+        stats["greedy_all_match"] = report["greedy_check"]["all_match"]
+    return stats
+
+
+def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:
+    prefix = f"{manifest.run_id}/evaluate"
+    try:
+        report = json.loads(store.get_bytes(f"{prefix}/{REPORT}"))
+    except ValueError:
+        return [f"evaluate/{REPORT} does not parse"]
+    problems = []
+    for key in ("mean_acceptance_length", "acceptance_rate_per_position", "num_prompts", "tokens_generated",
+                "draft_tokens_proposed", "draft_tokens_accepted"):
+        if key not in report:
+            problems.append(f"evaluate/{REPORT} lacks {key}")
+    if problems:
+        return problems
+    k = report.get("num_draft_tokens")
+    mal = report["mean_acceptance_length"]
+    if mal is not None and not 1 <= mal <= k + 1:
+        problems.append(f"mean_acceptance_length {mal} outside [1, {k + 1}]")
+    if report["draft_tokens_accepted"] > report["draft_tokens_proposed"]:
+        problems.append("more draft tokens accepted than proposed")
+    cumulative = report["acceptance_rate_per_position"]["cumulative"]
+    if any(b > a + 1e-9 for a, b in zip(cumulative, cumulative[1:])):
+        problems.append("cumulative acceptance rises with position")
+    if manifest.stats.get("mean_acceptance_length") != mal:
+        problems.append("manifest stats and report disagree on mean_acceptance_length")
+    head = store.get_bytes(f"{prefix}/{PLOT}")[:8]
+    if head != b"\x89PNG\r\n\x1a\n":
+        problems.append(f"evaluate/{PLOT} is not a PNG")
+    return problems

@@ -1,0 +1,64 @@
+"""evaluate.engine = vllm: serve target + exported drafter in vLLM, read its spec-decode metrics.
+
+Optional (vLLM is never a requirement of the package or the tests). Metric names are
+vLLM's own, from ``LLM.get_metrics()`` (as in vLLM's examples/offline_inference/spec_decode.py):
+``vllm:spec_decode_num_drafts``, ``vllm:spec_decode_num_draft_tokens``,
+``vllm:spec_decode_num_accepted_tokens`` (counters) and
+``vllm:spec_decode_num_accepted_tokens_per_pos`` (a vector, one value per position).
+Mean acceptance length = 1 + accepted / drafts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from eagle3.errors import StageError
+
+
+def vllm_available() -> bool:
+    try:
+        import torch
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def spec_decode_counts(metrics: list[Any], k: int) -> dict[str, Any]:
+    """Sum vLLM's spec-decode metrics (objects with .name and .value / .values)."""
+    drafts = draft_tokens = accepted = 0
+    per_pos = [0] * k
+    for m in metrics:
+        if m.name == "vllm:spec_decode_num_drafts":
+            drafts += int(m.value)
+        elif m.name == "vllm:spec_decode_num_draft_tokens":
+            draft_tokens += int(m.value)
+        elif m.name == "vllm:spec_decode_num_accepted_tokens":
+            accepted += int(m.value)
+        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            for i, v in enumerate(m.values[:k]):
+                per_pos[i] += int(v)
+    return {"drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted, "accepted_per_position": per_pos}
+
+
+def run_vllm(target: str, export_dir: Path, prompts: list[list[int]], k: int, max_new_tokens: int,
+             trust_remote_code: bool) -> dict[str, Any]:
+    """Generate greedily with EAGLE-3 speculation in vLLM; return its acceptance counters."""
+    if not vllm_available():
+        raise StageError("evaluate.engine=vllm needs vLLM installed and a CUDA device; use evaluate.engine=hf")
+    import torch
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=target,
+        trust_remote_code=trust_remote_code,
+        tensor_parallel_size=torch.cuda.device_count(),
+        speculative_config={"method": "eagle3", "model": str(export_dir), "num_speculative_tokens": k},
+        disable_log_stats=False,
+    )
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                           SamplingParams(temperature=0.0, max_tokens=max_new_tokens))
+    counts = spec_decode_counts(llm.get_metrics(), k)
+    counts["tokens_generated"] = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return counts
