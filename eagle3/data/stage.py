@@ -178,6 +178,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     ctx.output.put_json(METADATA, metadata)
     for name in [n for n in ctx.output.entries if n.startswith(PARTS)]:
         ctx.output.drop(name)
+    for key in ctx.store.list(f"{ctx.output.prefix}/{PARTS}"):
+        ctx.store.delete(key)  # a part written but not journaled when an earlier attempt died
     return metadata
 
 

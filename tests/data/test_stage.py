@@ -1,0 +1,168 @@
+"""The generate stage end to end: real `transformers serve` running tiny targets, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3.config import load_config
+from eagle3.context import run_stage
+from eagle3.data.stage import RAW, deep_check
+from eagle3.data.tokenized import read_tokenized
+from eagle3.manifest import verify_stage
+from eagle3.store import open_store
+from tests.fixtures_targets import free_port
+
+pytestmark = pytest.mark.slow
+EAGLE3 = str(Path(sys.executable).parent / "eagle3")
+N_PROMPTS = 8
+
+
+def write_config(tmp_path: Path, target_dir: Path, **generate) -> Path:
+    cfg = {
+        "run_id": "gen",
+        "store": {"uri": f"file://{tmp_path / 'store'}"},
+        "target": {"model": str(target_dir)},
+        "generate": {"max_samples": N_PROMPTS, "max_tokens": 4, "concurrency": 3, "part_size": 2,
+                     "drop_truncated": False, **generate},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_cli(config: Path, endpoint: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([EAGLE3, "stage", "generate", "-c", str(config), "--endpoint", endpoint],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "EAGLE3_API_KEY": ""})
+
+
+def read_raw(store: Path) -> list[dict]:
+    return [json.loads(line) for line in (store / "gen" / "generate" / RAW).read_text().splitlines()]
+
+
+def assert_one_error_line(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("arch", ["llama", "deepseek"])
+def test_generate_against_transformers_serve(arch, tiny_server, tmp_path):
+    served = tiny_server(arch)
+    cfg = load_config(write_config(tmp_path, served.target_dir))
+    stats = run_stage(cfg, "generate", endpoint=served.base_url)
+    assert stats["requested"] == stats["succeeded"] == stats["kept"] == N_PROMPTS and stats["failed"] == 0
+    assert stats["assistant_tokens"] > 0 and stats["target_vocab_size"] == 1024
+    store = tmp_path / "store"
+    records = read_raw(store)
+    assert len({r["id"] for r in records}) == N_PROMPTS
+    assert all(r["usage"]["completion_tokens"] <= 4 for r in records)
+    data = read_tokenized(store / "gen" / "generate" / "tokenized.safetensors")
+    assert sorted(data.sample_ids.tolist()) == sorted(r["id"] for r in records)
+    v = verify_stage(open_store(cfg.store.uri), "gen", "generate", deep=True, content_check=deep_check)
+    assert v.complete, v.problems
+    assert not list((store / "gen" / "generate").rglob("part-*"))  # merged, then dropped
+
+
+def test_killed_generate_resumes_without_loss_or_duplicates(tiny_server, tmp_path):
+    served = tiny_server("llama")
+    config = write_config(tmp_path, served.target_dir, part_size=1, concurrency=1)
+    # A part counts once its journal entry exists (the part object is written just before it).
+    parts = tmp_path / "store" / "gen" / "generate" / "_journal" / "parts"
+    proc = subprocess.Popen([EAGLE3, "stage", "generate", "-c", str(config), "--endpoint", served.base_url],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and len(list(parts.glob("part-*.jsonl.json"))) < 3 and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, "generate finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    committed = len(list(parts.glob("part-*.jsonl.json")))
+    assert 3 <= committed < N_PROMPTS
+    rerun = run_cli(config, served.base_url)
+    assert rerun.returncode == 0, rerun.stderr
+    records = read_raw(tmp_path / "store")
+    ids = [r["id"] for r in records]
+    assert len(ids) == len(set(ids)) == N_PROMPTS
+    meta = json.loads((tmp_path / "store" / "gen" / "generate" / "metadata.json").read_text())
+    assert meta["resumed"] >= committed and meta["resumed"] + meta["generated_this_attempt"] == N_PROMPTS
+    data = read_tokenized(tmp_path / "store" / "gen" / "generate" / "tokenized.safetensors")
+    assert sorted(data.sample_ids.tolist()) == sorted(ids)
+
+
+def test_malformed_prompts_file(tiny_llama_dir, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "ok"}\nnot json\n{"prompt": "fine"}\n{"messages": []}\n')
+    proc = run_cli(write_config(tmp_path, tiny_llama_dir, prompts=str(prompts)), "http://127.0.0.1:9/v1")
+    assert_one_error_line(proc, "prompts.jsonl: malformed lines 2, 4 (first: line 2: not JSON)")
+
+
+def test_unreachable_endpoint(tiny_llama_dir, tmp_path):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    proc = run_cli(write_config(tmp_path, tiny_llama_dir), url)
+    assert_one_error_line(proc, "endpoint unreachable", url)
+
+
+def test_tokenizer_vocab_does_not_match_target(tiny_llama_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    tok.add_tokens([f"<extra_{i}>" for i in range(100)])
+    tok.save_pretrained(tmp_path / "other-tokenizer")
+    config = write_config(tmp_path, tiny_llama_dir)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["target"]["tokenizer"] = str(tmp_path / "other-tokenizer")
+    config.write_text(yaml.safe_dump(cfg))
+    proc = run_cli(config, "http://127.0.0.1:9/v1")
+    assert_one_error_line(proc, "other-tokenizer has 1102 tokens but target vocab_size is 1024")
+
+
+class AuthRequiredEndpoint(BaseHTTPRequestHandler):
+    """Test double: an endpoint that rejects every request's credentials with 401."""
+
+    def _reject(self) -> None:
+        body = json.dumps({"error": {"message": "Invalid API key"}}).encode()
+        self.send_response(401)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _reject
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_wrong_credentials(tiny_llama_dir, tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), AuthRequiredEndpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        proc = run_cli(write_config(tmp_path, tiny_llama_dir), url)
+    finally:
+        server.shutdown()
+    assert_one_error_line(proc, "rejected the credentials", "HTTP 401: Invalid API key")
+
+
+def test_no_endpoint(tiny_llama_dir, tmp_path):
+    proc = subprocess.run([EAGLE3, "stage", "generate", "-c", str(write_config(tmp_path, tiny_llama_dir))],
+                          capture_output=True, text=True, timeout=300)
+    assert_one_error_line(proc, "generate needs an endpoint")
