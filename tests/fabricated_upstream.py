@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 
 from eagle3.config import PipelineConfig
 from eagle3.context import stage_input_key
+from eagle3.data.samples import token_frequencies
 from eagle3.data.tokenized import TokenizedSamples, write_tokenized
 from eagle3.manifest import LoadedManifest, StageOutput
 from eagle3.stages import get_stage
@@ -41,12 +42,6 @@ def fabricate_samples(vocab_size: int, num_samples: int = 40, seed: int = 0) -> 
     return TokenizedSamples(ids.to(torch.int32), mask, offsets, torch.arange(num_samples, dtype=torch.int64))
 
 
-def token_freq(samples: TokenizedSamples, vocab_size: int) -> torch.Tensor:
-    """counts int64 [V] over loss-masked tokens, as generate computes them."""
-    masked = samples.input_ids[samples.loss_mask.bool()].to(torch.int64)
-    return torch.bincount(masked, minlength=vocab_size)
-
-
 def commit_fabricated_generate(
     store: ObjectStore,
     cfg: PipelineConfig,
@@ -59,7 +54,7 @@ def commit_fabricated_generate(
     out = StageOutput(store, cfg.run_id, "generate", stage_input_key(cfg, spec, {}), {})
     out.begin()
     samples = fabricate_samples(vocab_size, seed=seed)
-    counts = token_freq(samples, vocab_size) if counts is None else counts
+    counts = token_frequencies(samples, vocab_size) if counts is None else counts  # generate's own count
     with tempfile.TemporaryDirectory() as tmp:
         write_tokenized(Path(tmp) / "tokenized.safetensors", samples)
         out.put_file("tokenized.safetensors", Path(tmp) / "tokenized.safetensors")

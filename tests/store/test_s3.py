@@ -140,3 +140,17 @@ def test_get_file_downloads_atomically(s3_store_uri: str, tmp_path: Path) -> Non
     with pytest.raises(StoreError, match="missing object"):
         store.get_file("r/s/absent", tmp_path / "down" / "absent")
     assert sorted(p.name for p in (tmp_path / "down").iterdir()) == ["obj"]  # no partial left
+
+
+def test_rejected_completion_is_a_store_error_and_aborts(
+    s3_store_uri: str, moto_s3: MotoS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Parts under S3's 5 MiB minimum are refused when the upload completes (moto enforces
+    # it like S3): the failure must surface as one StoreError, with the upload aborted.
+    monkeypatch.setattr(s3mod, "PART_SIZE", 1 << 20)
+    store = open_store(s3_store_uri)
+    with pytest.raises(StoreError, match=r"writing s3://.*/r/s/small-parts: S3 error EntityTooSmall"):
+        store.put_bytes("r/s/small-parts", os.urandom((1 << 20) * 2 + 5))
+    assert not store.exists("r/s/small-parts")
+    uploads = moto_s3.client().list_multipart_uploads(Bucket=moto_s3.bucket, Prefix=_raw_key(s3_store_uri, ""))
+    assert uploads.get("Uploads", []) == []
