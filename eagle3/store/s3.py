@@ -192,6 +192,20 @@ class S3Store(ObjectStore):
         except Exception as e:
             raise _explain(e, f"deleting {self.uri}/{key}") from None
 
+    def delete_prefix(self, prefix: str) -> int:
+        """Batch deletes (1,000 keys a request): wiping thousands of shards stays quick."""
+        keys = self.list(prefix)
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": self._k(k)} for k in keys[i : i + 1000]]
+            try:
+                r = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            except Exception as e:
+                raise _explain(e, f"deleting under {self.uri}/{prefix}") from None
+            if r.get("Errors"):
+                err = r["Errors"][0]
+                raise StoreError(f"deleting {self.uri}/{err.get('Key')}: S3 error {err.get('Code')} {err.get('Message', '')}".strip())
+        return len(keys)
+
     def get_bytes(self, key: str) -> bytes:
         buf = io.BytesIO()
         with self.reader(key) as r:
