@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ import yaml
 
 from eagle3.config import PipelineConfig
 from eagle3.context import PROGRESS_TAG
-from eagle3.errors import ConfigError
+from eagle3.errors import ConfigError, StageError
 from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.pipeline.runstate import RunState
 from eagle3.serve.process import ServerProcess, group_alive, last_line, proc_cmdline, stop_process_group
@@ -207,6 +208,10 @@ class LocalBackend(Backend):
         engine = choose_engine(serve)
         log = self.logs_dir / "serve.log"
         rotate_log(log)
+        if port_in_use(_client_host(serve.host), serve.port):
+            # Another server there would answer /v1/models in place of ours and hold the GPUs.
+            raise StageError(f"port {serve.port} on {serve.host} is already in use (another server?); "
+                             f"stop it, or set serve.port, or point serve.endpoint at it")
         if engine == "vllm":
             from eagle3.targets.load import resolve_target
 
@@ -263,6 +268,12 @@ class LocalBackend(Backend):
         return self._gpus
 
 
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, port)) == 0
+
+
 def _client_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::") else host
 
@@ -282,7 +293,8 @@ def _ours(pid: int, recorded_cmd: str | None) -> bool:
     current = proc_cmdline(pid)
     if current is None:
         return True  # the leader is gone (or no /proc) but its group lives on, e.g. torchrun workers
-    return recorded_cmd is not None and current == recorded_cmd
+    # A script started by its shebang shows the interpreter first: "python3 /venv/bin/transformers serve …".
+    return recorded_cmd is not None and (current == recorded_cmd or current.endswith(" " + recorded_cmd))
 
 
 __all__ = ["LocalBackend", "child_env", "last_line", "parse_progress", "write_resolved_config"]

@@ -132,3 +132,24 @@ def test_server_process_that_dies_while_starting_says_so(tmp_path):
     server.launch()
     with pytest.raises(Exception, match=r"transformers server exited with code 3 while starting; see .*: boom: no model"):
         server.wait_ready()
+
+
+def test_serve_refuses_a_port_another_server_holds(backend):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        backend.cfg.serve.port = s.getsockname()[1]
+        with pytest.raises(Exception, match=r"port \d+ on 127.0.0.1 is already in use"):
+            backend.start_serve()
+
+
+def test_down_recognises_a_shebang_script_by_its_recorded_command(backend, tmp_path):
+    script = tmp_path / "fake-serve"
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+    script.chmod(0o755)
+    server = ServerProcess([str(script), "serve", "--port", "1"], "http://127.0.0.1:1/v1", tmp_path / "s.log")
+    server.launch()
+    backend.state.update("serve", None, pid=server.pid, cmd=f"{script} serve --port 1")
+    time.sleep(0.5)
+    assert backend.down() == [f"serve (process group {server.pid})"]
+    assert server.proc.wait(5) is not None
