@@ -60,7 +60,12 @@ def extract_shard(
         t0 = _sync_time(device)
         aux_states, final_state = capture.run_stack(ids.to(device))  # 3 x [B, Tmax, H], [B, Tmax, H]
         # Keep real tokens only (row-major: sample by sample), convert on device, copy once.
-        stored = [to_storage(s[real.to(s.device)], storage_dtype) for s in [*aux_states, final_state]]
+        rows = real.flatten().nonzero().squeeze(1)  # [N] real-token rows of the flattened batch
+        rows_on: dict[torch.device, torch.Tensor] = {}  # one index copy per device (device_map="auto")
+        stored = [
+            to_storage(s.flatten(0, 1).index_select(0, rows_on.setdefault(s.device, rows.to(s.device))), storage_dtype)
+            for s in [*aux_states, final_state]
+        ]  # 4 x ([N, H], scale [N, 1] | None)
         host = [(q.cpu(), None if sc is None else sc.cpu()) for q, sc in stored]
         stats.forward_s += _sync_time(device) - t0
         stats.real_tokens += int(real.sum())
