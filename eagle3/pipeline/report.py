@@ -76,6 +76,21 @@ def _evaluation(cfg: PipelineConfig) -> dict[str, Any] | None:
     return json.loads(store.get_bytes(f"{cfg.run_id}/evaluate/report.json"))
 
 
+def _rates_table(rates: Any) -> list[str]:
+    """Acceptance per draft position: a list, or named lists (e.g. conditional / cumulative)."""
+    if not rates:
+        return []
+    columns = rates if isinstance(rates, dict) else {"acceptance rate": rates}
+    columns = {k: v for k, v in columns.items() if isinstance(v, list)}
+    if not columns:
+        return []
+    n = max(len(v) for v in columns.values())
+    lines = ["| position | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for i in range(n):
+        lines.append(f"| {i + 1} | " + " | ".join(_fmt(v[i]) if i < len(v) else "" for v in columns.values()) + " |")
+    return lines + [""]
+
+
 def to_markdown(cfg: PipelineConfig, summaries: list[StageSummary], evaluation: dict[str, Any] | None) -> str:
     exported = any(s.name == "export" and s.complete for s in summaries)
     lines = [f"# EAGLE-3 drafter run `{cfg.run_id}`", "",
@@ -83,11 +98,7 @@ def to_markdown(cfg: PipelineConfig, summaries: list[StageSummary], evaluation: 
              f"- drafter: `{drafter_location(cfg)}`" if exported else "- drafter: not exported yet", ""]
     if evaluation:
         lines += ["## Acceptance", "", f"Mean acceptance length: **{_fmt(evaluation.get('mean_acceptance_length'))}**", ""]
-        rates = evaluation.get("acceptance_rate_per_position") or []
-        if rates:
-            lines += ["| position | acceptance rate |", "|---|---|"]
-            lines += [f"| {i + 1} | {_fmt(r)} |" for i, r in enumerate(rates)]
-            lines.append("")
+        lines += _rates_table(evaluation.get("acceptance_rate_per_position"))
     for s in summaries:
         lines += [f"## {s.name}", "", f"_{STAGES[s.name].description}_", ""]
         if not s.complete:

@@ -129,3 +129,12 @@ def test_kubernetes_backend_is_dispatched_by_flag(workdir, monkeypatch):
     monkeypatch.setitem(sys.modules, "eagle3.k8s.backend", None)  # as if the module were missing
     r = runner.invoke(app, ["down", "--run-id", "x", "--backend", "kubernetes"])
     assert r.exit_code == 2 and "backend 'kubernetes' is not available" in r.output
+
+
+def test_acceptance_table_takes_plain_or_named_rates():
+    from eagle3.pipeline.report import _rates_table
+
+    assert _rates_table([0.5, 0.25])[2:4] == ["| 1 | 0.5 |", "| 2 | 0.25 |"]
+    t = _rates_table({"conditional": [0.5, 0.5], "cumulative": [0.5, 0.25]})
+    assert t[0] == "| position | conditional | cumulative |" and t[3] == "| 2 | 0.5 | 0.25 |"
+    assert _rates_table(None) == []
