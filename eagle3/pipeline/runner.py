@@ -144,9 +144,10 @@ def summary_lines(run: PipelineRun) -> list[str]:
         if f.log_tail:
             lines.append(f"last log lines of {f.stage}:")
             lines += [f"  | {ln}" for ln in f.log_tail[-10:]]
-    blocked = [row.name for row in r.rows.values() if row.state == "blocked"]
+    blocked = [row for row in r.rows.values() if row.state == "blocked"]
     if blocked:
-        lines.append(f"not run because an upstream stage failed or is missing: {', '.join(blocked)}")
+        lines.append(f"not run because an upstream stage failed or is missing: {', '.join(b.name for b in blocked)}")
+        lines += [f"  {b.name}: {b.reason}" for b in blocked]
     if r.ok:
         if r.rows["export"].state in ("done", "skipped"):
             lines.append(f"drafter: {drafter_location(run.cfg)}")

@@ -214,10 +214,10 @@ class Scheduler:
         if all(u.state in FINISHED_OK for u in ups):
             complete, why = self._complete(name)
             if complete:
-                self.rows[name].state, self.rows[name].reason = "skipped", f"outside --from/--until; {why}"
+                self.rows[name].state, self.rows[name].reason = "skipped", f"not selected to run; {why}"
                 self.on_change(self, f"{name}: skipped ({self.rows[name].reason})")
                 return
-        self.rows[name].state, self.rows[name].reason = "excluded", "outside --from/--until; not complete"
+        self.rows[name].state, self.rows[name].reason = "excluded", "not selected to run, and not complete"
         self.on_change(self, f"{name}: excluded ({self.rows[name].reason})")
 
     def _complete(self, name: str) -> tuple[bool, str]:
@@ -238,7 +238,7 @@ class Scheduler:
             ups = [self.rows[u] for u in STAGES[name].needs]
             bad = [u for u in ups if u.state in ("failed", "blocked", "excluded", "stopped")]
             if bad:
-                self._set(name, "blocked", f"needs {bad[0].name}, which {'is outside --from/--until and not complete' if bad[0].state == 'excluded' else bad[0].state}")
+                self._set(name, "blocked", f"needs {bad[0].name}, which {'was not selected to run and is not complete' if bad[0].state == 'excluded' else bad[0].state}")
                 continue
             if not all(u.state in FINISHED_OK for u in ups):
                 continue
