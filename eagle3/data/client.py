@@ -1,12 +1,17 @@
-"""Async client for an OpenAI-compatible ``/v1/chat/completions`` endpoint.
+"""Async client for an OpenAI-compatible ``/v1/chat/completions`` endpoint (aiohttp).
 
 One retry policy (:class:`RetryPolicy`, named constants below): 429, 408, 5xx, timeouts
 and connection errors are retried with exponential backoff and jitter (honouring
 ``Retry-After``); other 4xx raise :class:`NonRetryableError` at once. Credentials
 rejected (401/403) raise :class:`CredentialsError`, which stops the whole run: every
-other request would fail the same way. Requests run on a fixed pool of workers (bounded
-concurrency, HTTP/1.1 keep-alive), and each prompt yields a :class:`ChatOutcome`: the
-response, or the error that ended its retries.
+other request would fail the same way. Requests run on a fixed pool of workers sharing
+one ``aiohttp.ClientSession`` whose connector holds at most ``concurrency`` keep-alive
+connections, and each prompt yields a :class:`ChatOutcome`: the response, or the error
+that ended its retries.
+
+aiohttp, not httpx: httpx/anyio spent ~2.6 ms of CPU per request against an endpoint
+that answers instantly (``benchmarks/bench_generate_client.py``), more than a loaded
+2-core pod can spare at the request rates a big served model sustains.
 """
 
 from __future__ import annotations
@@ -15,12 +20,12 @@ import asyncio
 import json
 import os
 import random
-import ssl
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
+from yarl import URL
 
 BACKOFF_BASE_S = 0.5  # first retry waits about this long
 BACKOFF_MAX_S = 30.0  # no single wait is longer
@@ -28,6 +33,8 @@ BACKOFF_JITTER = 0.25  # each wait is scaled by a random factor in [1 - j, 1 + j
 CONNECT_TIMEOUT_S = 10.0
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 API_KEY_ENV = ("EAGLE3_API_KEY", "OPENAI_API_KEY")
+# Failures of the transport itself (refused, reset, dropped mid-response, timed out): retried.
+TRANSPORT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
 
 
 class EndpointError(Exception):
@@ -92,92 +99,108 @@ def api_key_from_env() -> str | None:
     return next((os.environ[k] for k in API_KEY_ENV if os.environ.get(k)), None)
 
 
-def _detail(r: httpx.Response) -> str:
+def describe_transport_error(e: BaseException) -> str:
+    """One line for a transport failure (timeouts have an empty ``str()``)."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())}".rstrip(": ")
+
+
+def _detail(status: int, reason: str | None, raw: bytes) -> str:
+    """The endpoint's own error message from an error body, on one line (≤ 200 chars)."""
     try:
-        body = r.json()
-        d = body.get("detail") or body.get("error") or body.get("message") or body
+        body = json.loads(raw)
+        d = (body.get("detail") or body.get("error") or body.get("message") or body) if isinstance(body, dict) else body
         if isinstance(d, dict):
             d = d.get("message") or json.dumps(d)
         text = str(d)
     except ValueError:
-        text = r.text
-    return " ".join(text.split())[:200] or r.reason_phrase
+        text = raw.decode(errors="replace")
+    return " ".join(text.split())[:200] or reason or f"status {status}"
 
 
-def _retry_after(r: httpx.Response) -> float | None:
+def _retry_after(headers: Any) -> float | None:
     try:
-        return float(r.headers["retry-after"])
+        return float(headers["retry-after"])
     except (KeyError, ValueError):
         return None
 
 
 class ChatClient:
+    """Use as ``async with ChatClient(...) as client``: the session lives inside that block."""
+
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 600.0,
-                 concurrency: int = 64, policy: RetryPolicy = RetryPolicy(), seed: int = 0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 concurrency: int = 64, policy: RetryPolicy = RetryPolicy(), seed: int = 0) -> None:
         self.base_url = base_url.rstrip("/")
         self.concurrency, self.policy = concurrency, policy
         self._rng = random.Random(seed)
         self._headers = {"content-type": "application/json"}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
-        self._timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
-        self._transport = transport
-        self._ssl = ssl.create_default_context()  # built once: loading CA certs costs ~0.1 s per client
-        self._http = self._new_http(concurrency)
-
-    def _new_http(self, connections: int) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.base_url, headers=self._headers, timeout=self._timeout, transport=self._transport, verify=self._ssl,
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
-        )
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
+        self._models_url = URL(f"{self.base_url}/models")  # parsed once, not per request
+        self._chat_url = URL(f"{self.base_url}/chat/completions")
+        self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> ChatClient:
+        # Built inside the running loop (aiohttp binds the connector to it).
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.concurrency, limit_per_host=0),
+            headers=self._headers, timeout=self._timeout)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("ChatClient is used outside `async with`")
+        return self._session
 
     async def list_models(self) -> list[str]:
         """Ids the endpoint serves (``GET /models``): the preflight check before a run."""
         try:
-            r = await self._http.get("/models")
-        except httpx.HTTPError as e:
-            raise EndpointError(f"cannot reach {self.base_url}/models: {type(e).__name__}: {e}".rstrip(": ")) from None
-        if r.status_code in (401, 403):
-            raise CredentialsError(r.status_code, _detail(r))
-        if r.status_code != 200:
-            raise EndpointError(f"{self.base_url}/models answered HTTP {r.status_code}: {_detail(r)}")
+            async with self.session.get(self._models_url) as r:
+                status, reason, raw = r.status, r.reason, await r.read()
+        except TRANSPORT_ERRORS as e:
+            raise EndpointError(f"cannot reach {self._models_url}: {describe_transport_error(e)}") from None
+        if status in (401, 403):
+            raise CredentialsError(status, _detail(status, reason, raw))
+        if status != 200:
+            raise EndpointError(f"{self._models_url} answered HTTP {status}: {_detail(status, reason, raw)}")
         try:
-            return [m["id"] for m in r.json()["data"]]
+            return [m["id"] for m in json.loads(raw)["data"]]
         except (ValueError, KeyError, TypeError):
-            raise EndpointError(f"{self.base_url}/models did not answer an OpenAI model list") from None
+            raise EndpointError(f"{self._models_url} did not answer an OpenAI model list") from None
 
-    async def _post_once(self, http: httpx.AsyncClient, payload: bytes) -> dict[str, Any]:
-        r = await http.post("/chat/completions", content=payload)
-        if r.status_code == 200:
-            try:
-                body = json.loads(r.content)
-                body["choices"][0]["message"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise NonRetryableError(200, "response is not a chat.completion") from None
-            return body
-        if r.status_code in (401, 403):
-            raise CredentialsError(r.status_code, _detail(r))
-        if r.status_code in RETRYABLE_STATUS or r.status_code >= 500:
-            raise _Retryable(f"HTTP {r.status_code}: {_detail(r)}", _retry_after(r))
-        raise NonRetryableError(r.status_code, _detail(r))
+    async def _post_once(self, payload: bytes) -> dict[str, Any]:
+        async with self.session.post(self._chat_url, data=payload) as r:
+            status, raw = r.status, await r.read()
+            if status == 200:
+                try:
+                    body = json.loads(raw)
+                    body["choices"][0]["message"]
+                except (ValueError, KeyError, IndexError, TypeError):
+                    raise NonRetryableError(200, "response is not a chat.completion") from None
+                return body
+            detail = _detail(status, r.reason, raw)
+            if status in (401, 403):
+                raise CredentialsError(status, detail)
+            if status in RETRYABLE_STATUS or status >= 500:
+                raise _Retryable(f"HTTP {status}: {detail}", _retry_after(r.headers))
+            raise NonRetryableError(status, detail)
 
-    async def complete(self, body: dict[str, Any], http: httpx.AsyncClient | None = None) -> tuple[dict[str, Any], int]:
+    async def complete(self, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """One chat completion with retries: (response body, attempts)."""
         payload = json.dumps(body, separators=(",", ":")).encode()
         for attempt in range(self.policy.max_retries + 1):
             try:
-                return await self._post_once(http or self._http, payload), attempt + 1
+                return await self._post_once(payload), attempt + 1
             except _Retryable as e:
                 last, retry_after = str(e), e.retry_after_s
-            except (httpx.TimeoutException, httpx.TransportError) as e:
-                last, retry_after = f"{type(e).__name__}: {e}".rstrip(": "), None
+            except TRANSPORT_ERRORS as e:
+                last, retry_after = describe_transport_error(e), None
             if attempt < self.policy.max_retries:
                 await asyncio.sleep(self.policy.delay(attempt, self._rng, retry_after))
         raise RetriesExhausted(f"{last} (after {self.policy.max_retries + 1} attempts)")
@@ -191,36 +214,28 @@ class ChatClient:
         for job in jobs:
             queue.put_nowait(job)
         results: asyncio.Queue = asyncio.Queue()
-        n_workers = max(1, min(self.concurrency, queue.qsize()))
 
         async def worker() -> None:
-            # Each worker owns a one-connection pool: httpcore's shared pool scans every
-            # connection on every request (O(concurrency) per request), which capped the
-            # client near 30 requests/s at concurrency 64; private pools keep it O(1).
-            async with self._new_http(1) as http:
-                await work(http)
-
-        async def work(http: httpx.AsyncClient) -> None:
             while True:
                 try:
                     sample_id, messages = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
                 try:
-                    body, attempts = await self.complete(params.body(messages), http)
-                    await results.put(ChatOutcome(sample_id, body, None, attempts))
+                    body, attempts = await self.complete(params.body(messages))
+                    results.put_nowait(ChatOutcome(sample_id, body, None, attempts))
                 except CredentialsError as e:
-                    await results.put(e)
+                    results.put_nowait(e)
                     return
                 except EndpointError as e:
-                    await results.put(ChatOutcome(sample_id, None, str(e), self.policy.max_retries + 1
-                                                  if isinstance(e, RetriesExhausted) else 1))
+                    results.put_nowait(ChatOutcome(sample_id, None, str(e), self.policy.max_retries + 1
+                                                   if isinstance(e, RetriesExhausted) else 1))
                 except Exception as e:  # a bug, not an endpoint failure: surface it, never hang
-                    await results.put(e)
+                    results.put_nowait(e)
                     return
 
         total = queue.qsize()
-        tasks = [asyncio.create_task(worker()) for _ in range(n_workers)]
+        tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.concurrency, total)))]
         try:
             for _ in range(total):
                 item = await results.get()
