@@ -46,9 +46,34 @@ def preflight(cfg: PipelineConfig, selection: Selection) -> None:
 
         if not vllm_installed():
             raise ConfigError("serve.engine is 'vllm' but vLLM is not installed here; use engine: auto or transformers")
+    if cfg.backend == "local":
+        _check_local_inputs(cfg, selection)
     n = cfg.train.nproc_per_node
     if isinstance(n, str) and n != "auto" and not n.isdigit():
         raise ConfigError(f"train.nproc_per_node must be a number or 'auto', not {n!r}")
+
+
+def _check_local_inputs(cfg: PipelineConfig, selection: Selection) -> None:
+    """Prompt files named by local path must exist, where the stage reading them is still to run."""
+    from pathlib import Path
+
+    from eagle3.context import stage_input_key
+    from eagle3.manifest import verify_stage
+    from eagle3.stages import STAGES
+
+    store = open_run_store(cfg)
+    selected = selection.stages()
+    for stage, field, value in (("generate", "generate.prompts", cfg.generate.prompts),
+                                ("evaluate", "evaluate.prompts", cfg.evaluate.prompts)):
+        if value is None or value.startswith(("builtin:", "s3://")) or stage not in selected:
+            continue
+        if Path(value).expanduser().exists():
+            continue
+        if stage == "generate" and stage not in selection.force:
+            key = stage_input_key(cfg, STAGES[stage], {})
+            if verify_stage(store, cfg.run_id, stage, input_key=key).complete:
+                continue
+        raise ConfigError(f"{field}: file not found: {value}")
 
 
 def _alive(pid: int) -> bool:

@@ -138,3 +138,11 @@ def test_acceptance_table_takes_plain_or_named_rates():
     t = _rates_table({"conditional": [0.5, 0.5], "cumulative": [0.5, 0.25]})
     assert t[0] == "| position | conditional | cumulative |" and t[3] == "| 2 | 0.5 | 0.25 |"
     assert _rates_table(None) == []
+
+
+def test_a_missing_prompts_file_is_a_config_error_before_anything_starts(workdir):
+    r = runner.invoke(app, ["run", "pipeline", "--store", f"file://{workdir}/s", "--run-id", "p"],
+                      env={"EAGLE3_GENERATE__PROMPTS": str(workdir / "nope.jsonl")})
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == f"error: generate.prompts: file not found: {workdir / 'nope.jsonl'}"
+    assert not (workdir / ".eagle3").exists()
