@@ -46,9 +46,9 @@ def write_config(workdir: Path, arch: str, cache: Path, **over) -> Path:
     cfg["store"]["uri"] = f"file://{workdir / 'store'}"
     cfg["target"]["cache_dir"] = str(cache)
     cfg["serve"]["port"] = _free_port()
-    cfg["generate"].update(max_samples=10, max_tokens=24, concurrency=2)
-    cfg["train"].update(max_steps=4, checkpoint_every=2)
-    cfg["evaluate"].update(num_prompts=2, max_new_tokens=12)
+    cfg["generate"].update(max_samples=8, max_tokens=16, concurrency=2)
+    cfg["train"].update(max_steps=3, checkpoint_every=1, log_every=1)
+    cfg["evaluate"].update(num_prompts=2, max_new_tokens=8)
     for dotted, value in over.items():
         section, key = dotted.split(".")
         cfg[section][key] = value
