@@ -11,7 +11,7 @@
 # it), for builds whose network cannot reach a package index.
 # The entrypoint is the stage CLI: `docker run IMAGE stage vocab -c /config/run.yaml`.
 
-ARG BASE_IMAGE=pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime
+ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
 
 # ---- deps: a venv holding the pinned dependencies (the slow, rarely changing layer) ----
 FROM ${BASE_IMAGE} AS deps

@@ -8,13 +8,15 @@
 # images/requirements.txt. The vLLM entrypoint (`vllm serve`) is kept; the client runs
 # with `--entrypoint eagle3` (Kubernetes sets `command:` explicitly).
 
-ARG VLLM_IMAGE=vllm/vllm-openai:v0.11.0
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.22.1
 
 # ---- wheel: build the eagle3ctl wheel ----
 FROM ${VLLM_IMAGE} AS wheel
 COPY pyproject.toml README.md /src/
 COPY eagle3/ /src/eagle3/
-RUN python3 -m pip wheel --no-deps --no-cache-dir --wheel-dir /dist /src
+# Recent vLLM images install with uv; older ones carry pip.
+RUN if command -v uv >/dev/null; then uv build --wheel --out-dir /dist /src; \
+    else python3 -m pip wheel --no-deps --no-cache-dir --wheel-dir /dist /src; fi
 
 # ---- runtime ----
 FROM ${VLLM_IMAGE} AS runtime
@@ -28,7 +30,8 @@ COPY --from=wheel /dist/ /tmp/dist/
 # Constrain only what the vLLM image does not already hold, so vLLM's pins stay in force.
 RUN python3 /tmp/serve_constraints.py /tmp/requirements.txt > /tmp/constraints.txt
 RUN set -eu; \
-    python3 -m pip install --no-cache-dir --disable-pip-version-check -c /tmp/constraints.txt /tmp/dist/*.whl; \
+    if command -v uv >/dev/null; then uv pip install --system --no-cache -c /tmp/constraints.txt /tmp/dist/*.whl; \
+    else python3 -m pip install --no-cache-dir --disable-pip-version-check -c /tmp/constraints.txt /tmp/dist/*.whl; fi; \
     python3 -c "import vllm, eagle3.cli.app, eagle3.data.client, eagle3.k8s.serve; print('vllm', vllm.__version__)"; \
     rm -rf /tmp/dist /tmp/constraints.txt /tmp/requirements.txt /tmp/serve_constraints.py /root/.cache; \
     (getent group 10001 >/dev/null || groupadd --gid 10001 eagle3); \

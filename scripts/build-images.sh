@@ -20,8 +20,8 @@ VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 TAG=${TAG:-$VERSION}
 PREFIX=${REGISTRY:+$REGISTRY/}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
-GPU_BASE=${GPU_BASE:-pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime}
-VLLM_IMAGE=${VLLM_IMAGE:-vllm/vllm-openai:v0.11.0}
+GPU_BASE=${GPU_BASE:-pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime}
+VLLM_IMAGE=${VLLM_IMAGE:-vllm/vllm-openai:v0.22.1}
 
 log() { echo "build-images: $*" >&2; }
 

@@ -126,6 +126,8 @@ def test_wrong_credentials_fail_in_one_line(runner: StageRunner) -> None:
     assert res.returncode != 0
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.explain()
+    assert "S3 refused the credentials" in lines[0], res.explain()
+    assert "wrong-secret" not in res.stdout + res.stderr  # secrets never echoed
 
 
 def test_verify_deep_checks_every_manifest(runner: StageRunner, moto_s3: MotoS3, store_uri: str) -> None:
