@@ -218,8 +218,11 @@ class LocalBackend(Backend):
             model = resolve_target(target)
             cmd, env, base_url = vllm_command(serve, target, model), {}, f"http://{_client_host(serve.host)}:{serve.port}/v1"
         else:
+            from transformers.utils import logging as hf_logging
+
             from eagle3.serve.local import transformers_serve_command
 
+            hf_logging.disable_progress_bar()  # a builtin target is built here: no bars over the live table
             sc = transformers_serve_command(target, serve, device="auto")
             cmd, env, base_url = sc.argv, sc.env, sc.base_url
         self._server = ServerProcess(cmd, base_url, log, env=child_env(env),
