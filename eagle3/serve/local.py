@@ -10,27 +10,24 @@ requests always name the served model.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from eagle3.errors import StageError
+from eagle3.serve.process import ServerProcess
 from eagle3.serve.settings import ServeSettings
 from eagle3.targets.load import resolve_target
 from eagle3.targets.settings import TargetSettings
 
-POLL_INTERVAL_S = 0.5
-STOP_GRACE_S = 10.0
+STOP_GRACE_S = 10.0  # a tiny CPU server exits at once on SIGTERM; vLLM's grace is process.STOP_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -64,63 +61,34 @@ def transformers_serve_command(target: TargetSettings, serve: ServeSettings, dev
     return ServerCommand(argv, env, f"http://{host}:{serve.port}/v1", model)
 
 
-def wait_for_models(base_url: str, model: str, timeout_s: float, proc: subprocess.Popen | None = None,
-                    log: Path | None = None) -> None:
-    """Poll ``/v1/models`` until it lists ``model``; fail early if the server process exits."""
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=5.0) as client:
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                raise StageError(f"model server exited with code {proc.returncode} before serving {model}"
-                                 + (f": {_last_line(log)}" if log else ""))
-            try:
-                r = client.get(f"{base_url}/models")
-                if r.status_code == 200 and any(m.get("id") == model for m in r.json().get("data", [])):
-                    return
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(POLL_INTERVAL_S)
-    raise StageError(f"model server at {base_url} did not list {model} within {timeout_s:.0f}s")
-
-
-def stop_process(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM the server's process group, then SIGKILL whatever is left after ``grace_s``."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-
-
 @contextmanager
 def local_server(target: TargetSettings, serve: ServeSettings, device: str = "auto",
                  log_path: Path | None = None) -> Iterator[str]:
-    """Start ``transformers serve`` for ``target``, wait for ``/v1/models``, yield the base URL, stop it."""
+    """Start ``transformers serve`` for ``target``, wait until it serves the model, yield the base URL, stop it.
+
+    Start, readiness and stop are :class:`eagle3.serve.process.ServerProcess`'s (own
+    process group; SIGTERM, then SIGKILL after ``STOP_GRACE_S``), as for the local backend.
+    """
     cmd = transformers_serve_command(target, serve, device)
-    log_dir = None
-    if log_path is None:
-        log_dir = tempfile.mkdtemp(prefix="eagle3-serve-")
-        log_path = Path(log_dir) / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd.argv, env={**os.environ, **cmd.env}, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        wait_for_models(cmd.base_url, cmd.model, serve.startup_timeout_s, proc, log_path)
-        yield cmd.base_url
-    finally:
-        stop_process(proc)
-        if log_dir is not None:
-            shutil.rmtree(log_dir, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="eagle3-serve-") as tmp:
+        server = ServerProcess(cmd.argv, cmd.base_url, log_path or Path(tmp) / "server.log",
+                               env={**os.environ, **cmd.env}, startup_timeout_s=serve.startup_timeout_s,
+                               name=f"transformers serve ({cmd.model})")
+        server.launch()
+        try:
+            served = served_models(server.wait_ready())
+            if cmd.model not in served:  # another server answered on our port
+                raise StageError(f"{cmd.base_url} serves {', '.join(served) or 'no models'}, not {cmd.model}; "
+                                 "is another server on that port?")
+            yield cmd.base_url
+        finally:
+            server.stop(STOP_GRACE_S)
 
 
-def _last_line(path: Path | None) -> str:
+def served_models(base_url: str, timeout_s: float = 10.0) -> list[str]:
+    """Model ids ``GET {base_url}/models`` lists (empty if it does not answer a model list)."""
     try:
-        lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()] if path else []
-    except OSError:
-        return "(no log)"
-    return lines[-1].strip()[:300] if lines else "(empty log)"
+        with urllib.request.urlopen(f"{base_url}/models", timeout=timeout_s) as r:
+            return [m["id"] for m in json.loads(r.read())["data"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []

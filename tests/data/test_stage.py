@@ -1,4 +1,12 @@
-"""The generate stage end to end: real `transformers serve` running tiny targets, real HTTP."""
+"""The generate stage end to end: real `transformers serve` running tiny targets, real HTTP.
+
+Cost on 2 shared cores is dominated by starting interpreters that import torch and by the
+servers, so: one ``transformers serve`` per architecture for the whole session
+(``tiny_server``); bad inputs that need no server run ``eagle3 stage generate`` through the
+same typer app in-process (:func:`run_cli_in_process`); the real ``eagle3`` executable runs
+for the kill-and-resume test (the process that is SIGKILLed) and for one bad input, which
+proves stderr is exactly one line with nothing else printed by the libraries.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +22,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from eagle3.cli.stage import app as stage_app
 from eagle3.config import load_config
 from eagle3.context import run_stage
 from eagle3.data.stage import RAW, deep_check
@@ -23,7 +33,6 @@ from eagle3.manifest import verify_stage
 from eagle3.store import open_store
 from tests.fixtures_targets import free_port
 
-pytestmark = pytest.mark.slow
 EAGLE3 = str(Path(sys.executable).parent / "eagle3")
 N_PROMPTS = 8
 
@@ -46,11 +55,26 @@ def run_cli(config: Path, endpoint: str, timeout: float = 300) -> subprocess.Com
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, "EAGLE3_API_KEY": ""})
 
 
+class CliResult:
+    """What the bad-input assertions read, from either a real subprocess or an in-process run."""
+
+    def __init__(self, returncode: int, stderr: str) -> None:
+        self.returncode, self.stderr = returncode, stderr
+
+
+def run_cli_in_process(config: Path, endpoint: str | None) -> CliResult:
+    """``eagle3 stage generate`` through the same typer app, without a new interpreter (no torch import)."""
+    args = ["stage", "generate", "-c", str(config)] + (["--endpoint", endpoint] if endpoint else [])
+    r = CliRunner().invoke(stage_app, args, env={"EAGLE3_API_KEY": None, "OPENAI_API_KEY": None})
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception  # no unexpected error
+    return CliResult(r.exit_code, r.stderr)
+
+
 def read_raw(store: Path) -> list[dict]:
     return [json.loads(line) for line in (store / "gen" / "generate" / RAW).read_text().splitlines()]
 
 
-def assert_one_error_line(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+def assert_one_error_line(proc: subprocess.CompletedProcess | CliResult, *fragments: str) -> str:
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
@@ -59,6 +83,7 @@ def assert_one_error_line(proc: subprocess.CompletedProcess, *fragments: str) ->
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "deepseek"])
 def test_generate_against_transformers_serve(arch, tiny_server, tmp_path):
     served = tiny_server(arch)
@@ -77,6 +102,7 @@ def test_generate_against_transformers_serve(arch, tiny_server, tmp_path):
     assert not list((store / "gen" / "generate").rglob("part-*"))  # merged, then dropped
 
 
+@pytest.mark.slow
 def test_killed_generate_resumes_without_loss_or_duplicates(tiny_server, tmp_path):
     served = tiny_server("llama")
     config = write_config(tmp_path, served.target_dir, part_size=1, concurrency=1)
@@ -96,8 +122,8 @@ def test_killed_generate_resumes_without_loss_or_duplicates(tiny_server, tmp_pat
             proc.kill()
     committed = len(list(parts.glob("part-*.jsonl.json")))
     assert 3 <= committed < N_PROMPTS
-    rerun = run_cli(config, served.base_url)
-    assert rerun.returncode == 0, rerun.stderr
+    stats = run_stage(load_config(config), "generate", endpoint=served.base_url)  # the rerun: same code the CLI runs
+    assert stats["requested"] == N_PROMPTS
     records = read_raw(tmp_path / "store")
     ids = [r["id"] for r in records]
     assert len(ids) == len(set(ids)) == N_PROMPTS
@@ -110,11 +136,13 @@ def test_killed_generate_resumes_without_loss_or_duplicates(tiny_server, tmp_pat
 def test_malformed_prompts_file(tiny_llama_dir, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "ok"}\nnot json\n{"prompt": "fine"}\n{"messages": []}\n')
-    proc = run_cli(write_config(tmp_path, tiny_llama_dir, prompts=str(prompts)), "http://127.0.0.1:9/v1")
+    proc = run_cli_in_process(write_config(tmp_path, tiny_llama_dir, prompts=str(prompts)), "http://127.0.0.1:9/v1")
     assert_one_error_line(proc, "prompts.jsonl: malformed lines 2, 4 (first: line 2: not JSON)")
 
 
+@pytest.mark.slow
 def test_unreachable_endpoint(tiny_llama_dir, tmp_path):
+    """The real executable: its whole stderr is the one error line (no library warnings, no traceback)."""
     url = f"http://127.0.0.1:{free_port()}/v1"
     proc = run_cli(write_config(tmp_path, tiny_llama_dir), url)
     assert_one_error_line(proc, "endpoint unreachable", url)
@@ -130,7 +158,7 @@ def test_tokenizer_vocab_does_not_match_target(tiny_llama_dir, tmp_path):
     cfg = yaml.safe_load(config.read_text())
     cfg["target"]["tokenizer"] = str(tmp_path / "other-tokenizer")
     config.write_text(yaml.safe_dump(cfg))
-    proc = run_cli(config, "http://127.0.0.1:9/v1")
+    proc = run_cli_in_process(config, "http://127.0.0.1:9/v1")
     assert_one_error_line(proc, "other-tokenizer has 1102 tokens but target vocab_size is 1024")
 
 
@@ -156,13 +184,12 @@ def test_wrong_credentials(tiny_llama_dir, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        proc = run_cli(write_config(tmp_path, tiny_llama_dir), url)
+        proc = run_cli_in_process(write_config(tmp_path, tiny_llama_dir), url)
     finally:
         server.shutdown()
     assert_one_error_line(proc, "rejected the credentials", "HTTP 401: Invalid API key")
 
 
 def test_no_endpoint(tiny_llama_dir, tmp_path):
-    proc = subprocess.run([EAGLE3, "stage", "generate", "-c", str(write_config(tmp_path, tiny_llama_dir))],
-                          capture_output=True, text=True, timeout=300)
+    proc = run_cli_in_process(write_config(tmp_path, tiny_llama_dir), None)
     assert_one_error_line(proc, "generate needs an endpoint")
