@@ -80,7 +80,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     plan = DataPlan(refs, s.batch_tokens, s.max_seq_len, s.eval_fraction, s.seed, env.rank, env.world)
     job = TrainJob(
         drafter_cfg, embed, teacher, plan, open_shard, s, ctx.store, stage_prefix(ctx.run_id, "train"),
-        ctx.output, ctx.scratch, progress=ctx.progress,
+        ctx.output, ctx.scratch, progress=ctx.progress if ctx.output is not None else (lambda *a, **k: None),
     )
     flag = StopFlag().install()
     try:

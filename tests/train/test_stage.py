@@ -28,6 +28,7 @@ from eagle3.train.loop import StopFlag
 from eagle3.train.metrics import parse_metrics
 from eagle3.config import PipelineConfig, load_config
 from tests.extract.pipeline import commit_generate, random_samples
+from tests.fixtures_targets import free_port
 
 TRAIN = {
     "train.max_steps": 6, "train.batch_tokens": 160, "train.max_seq_len": 48, "train.log_every": 1,
@@ -61,7 +62,7 @@ def upstream(tmp_path_factory, tiny_llama_cache_dir) -> tuple[Path, Path]:
 def fresh_config(upstream, tmp_path, **extra):
     store_dir, cache = upstream
     shutil.copytree(store_dir, tmp_path / "store")
-    return pipeline_config(tmp_path / "store", cache, **UPSTREAM, **TRAIN, **extra)
+    return pipeline_config(tmp_path / "store", cache, **{**UPSTREAM, **TRAIN, **extra})
 
 
 def test_train_commits_drafter_metrics_and_last_two_checkpoints(upstream, tmp_path):
@@ -137,10 +138,15 @@ def test_torchrun_two_cpu_processes_over_gloo(upstream, tmp_path):
     conf = tmp_path / "cfg.yaml"
     conf.write_text(yaml.safe_dump(json.loads(cfg.model_dump_json())))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "EAGLE3_DEBUG": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            "-m", "eagle3.cli.stage", "stage", "train", "--config", str(conf)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    log = tmp_path / "torchrun.log"
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=240).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    assert rc == 0, log.read_text()[-4000:]
     store = open_store(cfg.store.uri)
     m = read_manifest(store, "t", "train").manifest
     assert m.stats["world_size"] == 2 and m.stats["steps"] == 2 and m.stats["strategy"] == "ddp"
