@@ -75,7 +75,11 @@ def run(ctx: StageContext) -> dict[str, Any]:
     embed, teacher = _target_head(ctx.upstream_path("extract", TARGET_HEAD), draft_to_target(d2t))
 
     def open_shard(name: str) -> HiddenShard:
-        return read_shard(ctx.upstream_path("extract", name))
+        path = ctx.upstream_path("extract", name)
+        shard = read_shard(path)
+        if ctx.store.local_path(ctx.upstream_key("extract", name)) is None:
+            path.unlink(missing_ok=True)  # a downloaded copy: keep local disk bounded to one shard
+        return shard
 
     plan = DataPlan(refs, s.batch_tokens, s.max_seq_len, s.eval_fraction, s.seed, env.rank, env.world)
     job = TrainJob(

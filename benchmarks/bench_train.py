@@ -1,0 +1,176 @@
+"""Drafter training throughput: tokens/s and peak memory of TTT training, self-contained.
+
+Random weights and data (no store, no target): the drafter of a Llama-3.1-8B-sized
+target (hidden 4096, intermediate 14336, 32 heads, 8 kv heads, vocab 128256, draft
+vocab 32000), bf16 autocast, fp32 master weights, fused AdamW, sequence length 2048.
+
+Modes, each measured in the same run:
+  ttt{N}_{attention}  the full objective with N TTT steps (default 7), flex and/or sdpa attention
+  ttt1                a plain forward+backward of the same drafter (one step): the baseline
+The JSON reports ``ttt_overhead`` = tokens/s of ttt1 / tokens/s of the TTT mode.
+
+    python benchmarks/bench_train.py --out results/train.json             # one GPU
+    python benchmarks/bench_train.py --gpus 8 --out results/train8.json  # DDP scaling via torchrun
+    python benchmarks/bench_train.py --tiny --out /tmp/t.json             # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eagle3.drafter.loss import TTTObjective  # noqa: E402
+from eagle3.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
+
+LLAMA_8B = dict(hidden_size=4096, target_hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, vocab_size=128256, draft_vocab_size=32000,
+                rope_theta=500000.0, max_position_embeddings=8192, aux_layer_ids=[2, 16, 29])
+TINY = dict(hidden_size=64, target_hidden_size=64, intermediate_size=128, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=1000, draft_vocab_size=256, aux_layer_ids=[1, 2, 3])
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="JSON results path")
+    p.add_argument("--tiny", action="store_true", help="tiny drafter on CPU (smoke test)")
+    p.add_argument("--seq-len", type=int, default=None, help="default 2048 (tiny: 128)")
+    p.add_argument("--batch", type=int, default=1, help="sequences per step per GPU")
+    p.add_argument("--ttt", type=int, default=7)
+    p.add_argument("--steps", type=int, default=None, help="timed steps per mode (default 10; tiny 3)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps per mode (default 3; tiny 1)")
+    p.add_argument("--attention", default="flex,sdpa", help="comma list for the TTT mode: flex, sdpa")
+    p.add_argument("--chunk-rows", type=int, default=4096, help="loss chunk (rows of logits alive at once)")
+    p.add_argument("--gpus", type=int, default=1, help="processes: >1 relaunches itself under torchrun (DDP)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    a.seq_len = a.seq_len or (128 if a.tiny else 2048)
+    a.steps = a.steps or (3 if a.tiny else 10)
+    a.warmup = a.warmup if a.warmup is not None else (1 if a.tiny else 3)
+    return a
+
+
+def relaunch_under_torchrun(a: argparse.Namespace) -> int:
+    args = [x for x in sys.argv[1:]]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.gpus}", __file__, *args, "--worker"]
+    return subprocess.call(cmd)
+
+
+def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str, device: torch.device, world: int, rank: int) -> dict:
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(cfg)
+    drafter.embed_tokens.weight.requires_grad_(False)
+    cuda = device.type == "cuda"
+    objective = TTTObjective(drafter, ttt, 0.8, chunk_rows=a.chunk_rows, attention=attention).to(device)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    drafter.embed_tokens.weight.data = drafter.embed_tokens.weight.data.to(dtype)
+    objective.teacher_head = (torch.randn(cfg.draft_vocab_size, cfg.target_hidden_size, device=device) * 0.02).to(dtype)
+    model = objective
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(objective, device_ids=[device.index] if cuda else None)
+    params = [p for p in objective.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=cuda or None)
+    b, t, h = a.batch, a.seq_len, cfg.target_hidden_size
+    g = torch.Generator(device="cpu").manual_seed(rank)
+    ids = torch.randint(0, cfg.vocab_size, (b, t), generator=g).to(device)
+    aux = torch.randn(b, t, 3 * h, generator=g).to(device, dtype)
+    final = torch.randn(b, t, h, generator=g).to(device, dtype)
+    mask = torch.ones(b, t, dtype=torch.uint8, device=device)
+
+    def step() -> float:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss, *_ = model(ids, aux, final, mask)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    for _ in range(a.warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    loss = 0.0
+    for _ in range(a.steps):
+        loss = step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - t0
+    tokens = b * t * a.steps * world
+    out = {
+        "ttt_steps": ttt, "attention": attention, "tokens_per_s": round(tokens / elapsed, 1),
+        "tokens_per_s_per_gpu": round(tokens / elapsed / world, 1), "step_ms": round(1000 * elapsed / a.steps, 2), "loss": loss,
+    }
+    if cuda:
+        out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+    del model, objective, drafter, opt
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    a = parse()
+    if a.gpus > 1 and not a.worker:
+        return relaunch_under_torchrun(a)
+    world, rank, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available() and not a.tiny
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if cuda else "gloo")
+    cfg = DrafterConfig(**(TINY if a.tiny else LLAMA_8B))
+    modes = [(a.ttt, att.strip()) for att in a.attention.split(",") if att.strip()] + [(1, "sdpa")]
+    results = {}
+    for ttt, att in modes:
+        name = f"ttt{ttt}_{att}" if ttt > 1 else "ttt1"
+        try:
+            results[name] = measure(cfg, a, ttt, att, device, world, rank)
+        except Exception as e:  # noqa: BLE001 (one mode failing, e.g. flex compile, must not lose the others)
+            results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
+        if rank == 0:
+            print(name, json.dumps(results[name]), flush=True)
+    base = results.get("ttt1", {}).get("tokens_per_s")
+    for name, r in results.items():
+        if base and name != "ttt1" and "tokens_per_s" in r:
+            r["ttt_overhead"] = round(base / r["tokens_per_s"], 3)
+    if rank == 0:
+        report = {
+            "benchmark": "train",
+            "device": torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu",
+            "world_size": world,
+            "torch": torch.__version__,
+            "config": cfg.to_dict(),
+            "seq_len": a.seq_len, "batch": a.batch, "timed_steps": a.steps, "warmup_steps": a.warmup,
+            "bf16_autocast": cuda,
+            "results": results,
+        }
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps(report["results"], indent=2))
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
