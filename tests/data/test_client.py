@@ -10,6 +10,7 @@ from aiohttp import web
 
 from eagle3.data.client import (
     ChatClient, ChatParams, CredentialsError, EndpointError, NonRetryableError, RetriesExhausted, RetryPolicy,
+    proxy_for,
 )
 
 FAST = RetryPolicy(max_retries=3, base_s=0.001, max_s=0.01, jitter=0.25)
@@ -159,6 +160,16 @@ def test_list_models_unreachable_is_endpoint_error():
             await c.list_models()
     with pytest.raises(EndpointError, match=r"cannot reach http://127.0.0.1:9/v1/models: ClientConnectorError: Cannot connect to host 127.0.0.1:9"):
         asyncio.run(go())
+
+
+def test_proxy_from_the_environment_unless_no_proxy(monkeypatch):
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,.svc")
+    for name in ("http_proxy", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert proxy_for("http://vllm.example.com:8000/v1") == "http://proxy.internal:3128"
+    assert proxy_for("http://vllm.ns.svc:8000/v1") is None and proxy_for("http://127.0.0.1:8000/v1") is None
+    assert proxy_for("https://vllm.example.com/v1") is None  # no HTTPS_PROXY set
 
 
 def test_error_types():
