@@ -34,7 +34,31 @@ from eagle3.vocab.mapping import load_vocab_mapping, validate_vocab_mapping
 CONFIG = "config.json"
 MODEL = "model.safetensors"
 VOCAB_MAPPING = "vocab_mapping.safetensors"
+SERVING = "SERVING.md"
 EXPORT_DTYPE = torch.bfloat16
+
+
+def serving_note(aux_ids: list[int]) -> str:
+    """How to serve this directory; the aux ids in both engines' conventions, computed, not copied."""
+    sglang = to_sglang(aux_ids)
+    return f"""# Serving this EAGLE-3 drafter
+
+Trained on the target's aux hidden states of layers {aux_ids} in vLLM's convention
+(id k = the input of decoder layer k = HF hidden_states[k]).
+
+vLLM reads `eagle_aux_hidden_state_layer_ids` = {aux_ids} from config.json (top level):
+
+    vllm serve TARGET --speculative-config '{{"method": "eagle3", "model": "THIS_DIR", "num_speculative_tokens": 5}}'
+
+SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` = {sglang} and adds 1
+(its ids mean "output of layer i"), which captures the same layers {aux_ids}:
+
+    python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3 \\
+        --speculative-draft-model-path THIS_DIR --speculative-num-steps 5 \\
+        --speculative-eagle-topk 1 --speculative-num-draft-tokens 6
+
+Never copy an id list from one engine's key to the other's: they differ by one on purpose.
+"""
 
 
 def export_tensors(weights: dict[str, torch.Tensor], d2t: torch.Tensor, t2d: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -122,6 +146,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     save_file(tensors, str(path), metadata={"format": "pt"})
     out.put_json(CONFIG, config)
     out.put_file(MODEL, path)
+    out.put_bytes(SERVING, serving_note(aux_ids).encode())
     return {
         "aux_layer_ids": aux_ids,
         "sglang_aux_layer_ids": to_sglang(aux_ids),

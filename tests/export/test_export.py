@@ -116,6 +116,8 @@ def test_export_round_trip_matches_vllm_loader(exported):
         torch.testing.assert_close(tensors[name], sd[name].to(torch.bfloat16))
     target_ids = torch.arange(256) + tensors["d2t"]
     assert tensors["t2d"][target_ids].all() and int(tensors["t2d"].sum()) == 256
+    note = store.get_bytes("t/export/SERVING.md").decode()
+    assert str(index["aux_layer_ids"]) in note and str(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) in note
     assert verify_stage(store, "t", "export", deep=True, content_check=export_stage.deep_check).complete
 
 
