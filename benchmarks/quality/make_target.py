@@ -6,9 +6,12 @@ the Python source files the machine already has (its site-packages). A held-out 
 files (chosen by a hash of the path, so the split is the same on every machine) supplies
 the evaluation prompts; the rest supplies the training prompts.
 
-The target speaks raw code: its chat template renders the user message (a code prefix)
-and the assistant message (the continuation) back to back after ``<|bos|>``, so the
-"response" that generate collects is the target's own greedy continuation of the code.
+The target speaks raw code with one marker: every training document holds one ``<|sep|>``
+at a random line end. The chat template renders the user message (a code prefix ending
+at a line end) then ``<|sep|>`` as the generation prompt, then the assistant message, so
+the "response" that generate collects is the target's own greedy continuation of the code,
+and the prompt's tokens stay a prefix of the conversation's tokens (the special token
+stops BPE merges across the boundary, as a real chat template's role markers do).
 
 Outputs in ``--work``: ``target/`` (HF dir: model, tokenizer, chat template),
 ``prompts_train.jsonl``, ``prompts_heldout.jsonl``, ``target_meta.json``.
@@ -22,6 +25,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -29,11 +33,14 @@ from pathlib import Path
 
 import torch
 
-BOS, EOS, PAD = "<|bos|>", "<|endoftext|>", "<|pad|>"
-# Raw completion: prefix then continuation, nothing between (no role markers the model never saw).
+BOS, EOS, PAD, SEP = "<|bos|>", "<|endoftext|>", "<|pad|>", "<|sep|>"
+# Completion with one marker the model saw in training: <bos> prefix <sep> continuation.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
-    "{%- for message in messages -%}{{ message['content'] or '' }}{%- endfor -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}{{ message['content'] or '' }}"
+    "{%- else -%}{{ (message['content'] or '') + '<|sep|>' }}{%- endif -%}"
+    "{%- endfor -%}"
 )
 HELDOUT_MOD = 50  # one file in 50 is held out
 
@@ -122,7 +129,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, max_len: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS, SEP],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
@@ -131,14 +138,25 @@ def train_tokenizer(texts: list[str], vocab_size: int, max_len: int):
     return fast
 
 
-def pack(tokenizer, texts: list[str]) -> torch.Tensor:
-    """All documents as one int32 stream: <bos> doc <eos> <bos> doc <eos> ..."""
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    enc = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+def split_at_line_end(text: str, rng: random.Random) -> tuple[str, str]:
+    """Cut before a random newline (prompts end there too); no newline: the end."""
+    ends = [m.start() for m in re.finditer("\n", text)] or [len(text)]
+    cut = rng.choice(ends)
+    return text[:cut], text[cut:]
+
+
+def pack(tokenizer, texts: list[str], seed: int = 0) -> torch.Tensor:
+    """All documents as one int32 stream: <bos> head <sep> tail <eos> <bos> ..."""
+    bos, eos, sep = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(SEP)
+    rng = random.Random(seed)
+    pieces = [p for t in texts for p in split_at_line_end(t, rng)]
+    enc = tokenizer.backend_tokenizer.encode_batch(pieces, add_special_tokens=False)
     stream: list[int] = []
-    for e in enc:
+    for head, tail in zip(enc[0::2], enc[1::2]):
         stream.append(bos)
-        stream.extend(e.ids)
+        stream.extend(head.ids)
+        stream.append(sep)
+        stream.extend(tail.ids)
         stream.append(eos)
     return torch.tensor(stream, dtype=torch.int32)
 
@@ -291,7 +309,7 @@ def make_target(work: Path, r: TargetRecipe, corpus_root: Path, device: torch.de
     tokenizer = train_tokenizer(tok_texts, r.vocab_size, 8192)
     t_tok = time.monotonic() - t0 - t_read
     log(f"tokenizer: {len(tokenizer)} tokens from {sum(map(len, tok_texts)) / 2**20:.0f} MiB in {t_tok:.0f}s")
-    stream, held_stream = pack(tokenizer, texts), pack(tokenizer, held_texts)
+    stream, held_stream = pack(tokenizer, texts, seed), pack(tokenizer, held_texts, seed + 1)
     chars_per_token = sum(map(len, texts)) / stream.numel()
     log(f"packed {stream.numel():,} train tokens ({chars_per_token:.2f} chars/token), {held_stream.numel():,} held-out")
     torch.manual_seed(seed)

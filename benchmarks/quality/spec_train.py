@@ -96,6 +96,8 @@ def steady_tokens_per_s(records: list[tuple[float, dict]], skip: float = 0.2) ->
 
 def latest_checkpoint(save: Path) -> Path:
     epochs = sorted((int(p.name), p) for p in save.iterdir() if p.is_dir() and p.name.isdigit())
+    if not epochs and (save / "model.safetensors").exists():  # --dry-run saves the initialized drafter here
+        return save
     if not epochs or not (epochs[-1][1] / "model.safetensors").exists():
         raise SystemExit(f"speculators left no checkpoint under {save}")
     return epochs[-1][1]

@@ -1,0 +1,116 @@
+"""The issue-8 summary: headline numbers and ratios out of the steps' raw results."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def steady(records: list[dict[str, Any]], key: str = "tokens_per_s", skip: float = 0.2) -> float | None:
+    """Median of a windowed rate after the first ``skip`` of the windows (start-up, compile)."""
+    vals = [r[key] for r in records if r.get(key)]
+    kept = vals[int(len(vals) * skip):] or vals
+    return round(statistics.median(kept), 1) if kept else None
+
+
+def _report(stage: dict | None) -> dict:
+    return (stage or {}).get("report") or {}
+
+
+def _acceptance(rep: dict) -> dict:
+    return {k: rep.get(k) for k in ("mean_acceptance_length", "acceptance_rate_per_position", "num_prompts",
+                                    "num_draft_tokens", "generated_tokens", "target_greedy_match")
+            if k in rep}
+
+
+def ours(result: dict | None, store_root: Path | None = None) -> dict | None:
+    if not result:
+        return None
+    st = result["stages"]
+    ex, tr = st.get("extract", {}), st.get("train", {})
+    index = ex.get("index", {})
+    tokens = index.get("num_tokens") or sum(s.get("tokens", s.get("num_tokens", 0)) for s in index.get("shards", []))
+    records = []
+    if store_root is not None:
+        p = store_root / result["run"] / "train" / "metrics.jsonl"
+        if p.exists():
+            records = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    out = {
+        "acceptance": _acceptance(_report(st.get("evaluate"))),
+        "generate": st.get("generate", {}).get("stats"),
+        "extract": {"stats": ex.get("stats"), "storage_dtype": index.get("storage_dtype"), "tokens": tokens,
+                    "shard_bytes": ex.get("shard_bytes"),
+                    "bytes_per_token": round(ex["shard_bytes"] / tokens, 1) if tokens and ex.get("shard_bytes") else None},
+        "train": {"stats": tr.get("stats"), "steady_tokens_per_s": steady(records),
+                  "loop_tokens_per_s": (tr.get("stats") or {}).get("tokens_per_s"),
+                  "peak_memory_gib": (tr.get("stats") or {}).get("peak_memory_gib"),
+                  "stage_started_at": tr.get("started_at"), "stage_finished_at": tr.get("finished_at")},
+    }
+    return out
+
+
+def spec(result: dict | None) -> dict | None:
+    if not result:
+        return None
+    t = result["train"]
+    return {
+        "acceptance": _acceptance(_report(result.get("evaluate"))),
+        "train": {k: t.get(k) for k in ("steady_tokens_per_s", "wall_seconds", "peak_memory_gib", "last_step",
+                                        "mean_tokens_per_step", "final_train_metrics")},
+        "argv": t.get("argv"),
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def summarize(done: dict[str, dict | None], status: dict[str, str], args: dict[str, Any]) -> dict:
+    store = Path(args["work"]) / "store" if args.get("work") else None
+    o16, o8, sp = ours(done.get("ours_bf16"), store), ours(done.get("ours_fp8"), store), spec(done.get("spec"))
+    head: dict[str, Any] = {}
+    if done.get("target"):
+        t = done["target"]
+        head["target"] = {k: t.get(k) for k in ("parameters", "train_tokens", "train_seconds", "train_tokens_per_s",
+                                                "heldout_loss", "corpus_tokens")}
+        head["target"]["vocab_size"] = t.get("recipe", {}).get("vocab_size")
+    if o16:
+        head["ours_bf16"] = {
+            "mean_acceptance_length": o16["acceptance"].get("mean_acceptance_length"),
+            "acceptance_rate_per_position": o16["acceptance"].get("acceptance_rate_per_position"),
+            "train_steady_tokens_per_s": o16["train"]["steady_tokens_per_s"],
+            "train_loop_tokens_per_s": o16["train"]["loop_tokens_per_s"],
+            "train_peak_memory_gib": o16["train"]["peak_memory_gib"],
+            "extract_tokens_per_s": (o16["extract"]["stats"] or {}).get("tokens_per_s"),
+            "hidden_bytes_per_token": o16["extract"]["bytes_per_token"],
+        }
+    if o8:
+        head["ours_fp8"] = {
+            "mean_acceptance_length": o8["acceptance"].get("mean_acceptance_length"),
+            "acceptance_rate_per_position": o8["acceptance"].get("acceptance_rate_per_position"),
+            "extract_tokens_per_s": (o8["extract"]["stats"] or {}).get("tokens_per_s"),
+            "hidden_bytes_per_token": o8["extract"]["bytes_per_token"],
+            "train_steady_tokens_per_s": o8["train"]["steady_tokens_per_s"],
+        }
+    if sp:
+        head["speculators"] = {
+            "mean_acceptance_length": sp["acceptance"].get("mean_acceptance_length"),
+            "acceptance_rate_per_position": sp["acceptance"].get("acceptance_rate_per_position"),
+            "train_steady_tokens_per_s": sp["train"]["steady_tokens_per_s"],
+            "train_wall_seconds": sp["train"]["wall_seconds"],
+            "train_peak_memory_gib": sp["train"]["peak_memory_gib"],
+        }
+    if o16 and sp:
+        head["ours_vs_speculators"] = {
+            "acceptance_length_ratio": _ratio(head["ours_bf16"]["mean_acceptance_length"],
+                                              head["speculators"]["mean_acceptance_length"]),
+            "train_throughput_ratio_steady": _ratio(head["ours_bf16"]["train_steady_tokens_per_s"],
+                                                    head["speculators"]["train_steady_tokens_per_s"]),
+            "peak_memory_ratio": _ratio(head["ours_bf16"]["train_peak_memory_gib"],
+                                        head["speculators"]["train_peak_memory_gib"]),
+            "goals": "acceptance ratio >= 1.0; throughput ratio >= 1.5; memory ratio <= 1.0",
+        }
+    return {"headline": head, "status": status, "args": args,
+            "details": {"target": done.get("target"), "ours_bf16": o16, "ours_fp8": o8, "speculators": sp}}
