@@ -30,12 +30,16 @@ def status(
         return
     table = Table(title=f"run {summary['run_id']} ({summary['store']})" + (" — in progress" if summary["in_progress"] else ""),
                   title_justify="left")
-    for col in ("stage", "state", "finished", "stats", "reason"):
+    for col in ("stage", "state", "finished", "stats", "note"):
         table.add_column(col, overflow="fold")
     for s in summary["stages"]:
         stats = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (s.get("stats") or {}).items())
-        state = s["state"] + (f" ({s['run_state']})" if s.get("run_state") == "running" else "")
-        table.add_row(s["stage"], state, (s.get("finished_at") or "-")[:19], stats or "-", s.get("reason") or "")
+        note = s.get("reason") or ""
+        if s["state"] == "running":
+            p = s.get("progress") or {}
+            done = f"{p['done']:g}/{p['total']:g} {p['unit']}" if p.get("total") else f"{p.get('done', 0):g} {p.get('unit', '')}"
+            note = f"{done}, {s['elapsed_s']:.0f}s elapsed" if p else f"{s['elapsed_s']:.0f}s elapsed"
+        table.add_row(s["stage"], s["state"], (s.get("finished_at") or "-")[:19], stats or "-", note)
     Console(width=max(100, Console().width)).print(table)
 
 

@@ -160,6 +160,7 @@ class Scheduler:
         self.failures: list[StageOutcome] = []
         self._serve_thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._progress_saved: dict[str, float] = {}
 
     # -- bookkeeping -----------------------------------------------------------------
 
@@ -293,6 +294,15 @@ class Scheduler:
             return
         self._set(name, "running")
 
+    def _save_progress(self, row: StageRow) -> None:
+        """Progress into state.json (every few seconds) so `status` in another shell shows it."""
+        now = time.time()
+        if self.state is None or row.progress is None or now - self._progress_saved.get(row.name, 0) < 3:
+            return
+        self._progress_saved[row.name] = now
+        p = row.progress
+        self.state.update("stages", row.name, progress={"done": p.done, "total": p.total, "unit": p.unit, "rate": p.rate})
+
     def _wait(self, name: str, reason: str) -> None:
         if self.rows[name].reason != reason:
             self._set(name, "waiting", reason)
@@ -311,6 +321,7 @@ class Scheduler:
             outcome = self.backend.poll(row.handle)
             if outcome is None:
                 row.progress = self.backend.progress(row.handle) or row.progress
+                self._save_progress(row)
                 continue
             row.ended_at = time.time()
             row.progress = self.backend.progress(row.handle) or row.progress

@@ -50,7 +50,10 @@ def collect_status(cfg: PipelineConfig) -> list[dict[str, Any]]:
         if run_rec:
             rec["run_state"] = run_rec.get("state")
             if running and run_rec.get("state") == "running" and run_rec.get("started_at"):
+                rec["state"], rec["reason"] = "running", ""
                 rec["elapsed_s"] = round(time.time() - run_rec["started_at"], 1)
+                if run_rec.get("progress"):
+                    rec["progress"] = run_rec["progress"]
         out.append(rec)
     return out
 
