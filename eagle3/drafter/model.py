@@ -167,7 +167,13 @@ class TTTCache:
         if self.backend == "flex":
             from eagle3.drafter.flex import ttt_flex_attention
 
-            return ttt_flex_attention(q, keys, values, step)
+            out = ttt_flex_attention(q, keys, values, step)
+            if out is not None:
+                return out
+        if q.is_cuda and q.shape[1] != keys.shape[1]:
+            # Expanded kv heads keep the masked call on the memory-efficient kernel.
+            rep = q.shape[1] // keys.shape[1]
+            keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, step, q.device), enable_gqa=True)
 
 

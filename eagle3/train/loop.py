@@ -135,6 +135,7 @@ def _build(job: TrainJob, env: DistEnv) -> tuple[torch.nn.Module, TTTObjective]:
     if s.strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        fully_shard(drafter.embed_tokens)  # its own group: frozen and (on CUDA) bf16, unlike the rest
         fully_shard(drafter.midlayer)
         fully_shard(objective)
         return objective, objective

@@ -1,9 +1,10 @@
-import pytest
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_train.py"
 
