@@ -158,7 +158,8 @@ def test_list_models_unreachable_is_endpoint_error():
     async def go():
         async with ChatClient("http://127.0.0.1:9/v1", policy=FAST) as c:
             await c.list_models()
-    with pytest.raises(EndpointError, match=r"cannot reach http://127.0.0.1:9/v1/models: ClientConnectorError: Cannot connect to host 127.0.0.1:9"):
+    unreachable = r"cannot reach http://127.0.0.1:9/v1/models: ClientConnectorError: Cannot connect to host 127.0.0.1:9"
+    with pytest.raises(EndpointError, match=unreachable):
         asyncio.run(go())
 
 
