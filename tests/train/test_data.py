@@ -56,3 +56,16 @@ def test_lr_schedule_warmup_then_cosine_to_min():
     assert f[0] == 0.25 and f[3] == 1.0
     assert all(a >= b for a, b in zip(f[3:], f[4:]))
     assert abs(f[20] - 0.1) < 1e-9 and f[24] == f[20]
+
+
+def test_malformed_index_is_one_clear_error():
+    import pytest
+
+    from eagle3.errors import StageError
+    from eagle3.train.data import shard_refs
+
+    with pytest.raises(StageError, match="malformed shard list"):
+        shard_refs({"shards": [{"name": "x"}]})
+    with pytest.raises(StageError, match="no shards"):
+        shard_refs({"shards": []})
+    assert shard_refs({"shards": [{"name": "a", "num_samples": 2, "num_tokens": 9}]})[0].num_tokens == 9
