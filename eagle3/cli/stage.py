@@ -27,11 +27,11 @@ def stage(
     force: Annotated[bool, typer.Option("--force", help="Rerun even if complete.")] = False,
 ) -> None:
     """Run stage NAME unless its manifest is complete for the same input key."""
-    from eagle3.context import run_stage
+    from eagle3.context import rank, run_stage
 
     cfg = config_from(config, run_id, store)
     stats = run_stage(cfg, name, force=force, endpoint=endpoint or cfg.serve.endpoint)
-    if stats is not None:
+    if stats is not None and rank() == 0:  # under torchrun only rank 0 commits
         typer.echo(f"stage {name}: committed", err=True)
 
 
