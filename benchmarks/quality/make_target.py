@@ -57,9 +57,9 @@ class TargetRecipe:
     batch_seqs: int = 64
     lr: float = 1.5e-3
     warmup_steps: int = 100
-    train_seconds: float = 170.0
-    tokenizer_bytes: int = 40 << 20  # text the BPE trainer sees
-    corpus_bytes: int = 160 << 20  # text tokenized for LM training
+    train_seconds: float = 150.0
+    tokenizer_bytes: int = 24 << 20  # text the BPE trainer sees
+    corpus_bytes: int = 100 << 20  # text tokenized for LM training (~25M tokens)
     prompts_train: int = 4096
     prompts_heldout: int = 256
 
@@ -182,7 +182,7 @@ def batches(stream: torch.Tensor, r: TargetRecipe, gen: torch.Generator, device:
     while True:
         starts = torch.randint(0, n, (r.batch_seqs,), generator=gen)
         idx = starts[:, None] + torch.arange(r.seq_len + 1)[None, :]
-        win = stream[idx].to(device, non_blocking=True).long()
+        win = stream[idx.to(stream.device)].to(device, non_blocking=True).long()
         yield win[:, :-1], win[:, 1:]
 
 

@@ -2,7 +2,8 @@
 
 Runs speculators' own entry point (``speculators.train.cli.main`` on
 ``TrainConfig.resolve(argv)``, what ``python -m speculators.train`` runs) in this process,
-with a logging handler on its ``speculators.metrics`` logger to time its steps, and
+with a logging handler (on the root logger, where its ``speculators.metrics`` records
+propagate) to time its steps, and
 ``torch.cuda.max_memory_allocated`` for its peak memory. The drafter is configured like
 ours: one Llama layer of the target's width, residual from ``fc`` (no norm before the
 residual, no norm before ``fc``, no norm on the fed-back hidden), full attention, the
@@ -164,8 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     from speculators.train.cli import main as spec_main
     from speculators.train.config import TrainConfig
 
+    # On the root logger: speculators' dictConfig clears handlers of its own loggers, and its
+    # basicConfig leaves a root that already has handlers alone; metric records propagate here.
     tap = MetricsTap()
-    logging.getLogger("speculators.metrics").addHandler(tap)
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    root.addHandler(tap)
+    root.addHandler(console)
     sargv = spec_argv(a)
     print("speculators argv: " + " ".join(sargv), flush=True)
     if torch.cuda.is_available():

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One call on the lent H200 (device tool; repo root is the cwd, $OUT comes back).
+#   bash benchmarks/quality/device_call.sh quality BUDGET_S STEPS   # issue 8 steps (resumable in /tmp/e3q)
+#   bash benchmarks/quality/device_call.sh benches BUDGET_S          # issue 3: bench_train + bench_extract
+# Missing Python packages travel as wheels in .whl/ (carry: [".whl"]) and go to /tmp/site.
+set -o pipefail
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
+t0=$(date +%s)
+if [ ! -d /tmp/site/speculators ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD
+mode=$1; budget=${2:-540}
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+python3 -c "import torch, transformers, pyarrow, fsspec; print('torch', torch.__version__, 'transformers', transformers.__version__, 'pyarrow', pyarrow.__version__, 'fsspec', fsspec.__version__)"
+left() { echo $(( budget - ($(date +%s) - t0) )); }
+if [ "$mode" = quality ]; then
+  python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(left)" --steps "${3:-target,ours_bf16,spec,ours_fp8,plot}" \
+    2>&1 | tee "$OUT/quality_log_$(date +%H%M%S).txt"
+  cp /tmp/e3q/target_meta.json "$OUT/" 2>/dev/null
+elif [ "$mode" = benches ]; then
+  half=$(( $(left) / 2 ))
+  timeout "$(( half < 150 ? half : 150 ))" python3 benchmarks/bench_train.py --out "$OUT/train_h200.json" 2>&1 | tee "$OUT/bench_train_log.txt"
+  timeout "$(( $(left) - 10 ))" python3 benchmarks/bench_extract.py --out "$OUT/extract_h200.json" 2>&1 | tee "$OUT/bench_extract_log.txt"
+fi
+echo "device_call $mode done in $(( $(date +%s) - t0 ))s"
