@@ -238,8 +238,12 @@ class Bench:
             if step in ("ours_bf16", "spec", "ours_fp8") and not self.done("target"):
                 status[step] = "skipped: no target"
                 continue
-            if step in ("spec", "ours_fp8") and not self.done("ours_bf16"):
-                status[step] = "skipped: needs ours_bf16"
+            # spec and fp8 reuse q-bf16's samples (and spec its vocab + aux ids), not its drafter.
+            if step == "spec" and not (self.manifest("q-bf16", "vocab") and self.manifest("q-bf16", "extract")):
+                status[step] = "skipped: needs q-bf16's vocab and extract stages"
+                continue
+            if step == "ours_fp8" and not self.manifest("q-bf16", "generate"):
+                status[step] = "skipped: needs q-bf16's generate stage"
                 continue
             t0 = time.monotonic()
             self.log(f"step {step}")
