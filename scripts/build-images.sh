@@ -52,6 +52,12 @@ clear_wheelhouse() {
   find images/wheels -mindepth 1 -maxdepth 1 ! -name .gitignore ! -name README.md -exec rm -rf {} +
 }
 
+# A rebuilt tag leaves the previous runtime image dangling: drop those (never the
+# unlabelled deps-stage images, which are the layer cache).
+prune_replaced() {
+  docker image prune -f --filter "label=org.opencontainers.image.title=$1" >/dev/null || true
+}
+
 report_size() {
   local ref=$1 bytes
   bytes=$(docker image inspect -f '{{.Size}}' "$ref")
@@ -70,6 +76,7 @@ build_cpu() {
     --build-arg TORCH_VERSION="$TORCH_VERSION" --build-arg VERSION="$VERSION" \
     -t "$ref" . >&2
   clear_wheelhouse
+  prune_replaced eagle3
   report_size "$ref"
   echo "$ref"
 }
@@ -83,6 +90,7 @@ build_gpu() {
   docker build -f Dockerfile --build-arg BASE_IMAGE="$base" --build-arg VARIANT=gpu \
     --build-arg OFFLINE="$offline" --build-arg VERSION="$VERSION" -t "$ref" . >&2
   clear_wheelhouse
+  prune_replaced eagle3
   report_size "$ref"
   echo "$ref"
 }
@@ -93,6 +101,7 @@ build_serve() {
   log "building $ref on $VLLM_IMAGE"
   docker build -f images/serve.Dockerfile --build-arg VLLM_IMAGE="$VLLM_IMAGE" \
     --build-arg VERSION="$VERSION" -t "$ref" . >&2
+  prune_replaced eagle3-serve
   report_size "$ref"
   echo "$ref"
 }
