@@ -37,7 +37,7 @@ def build_cpu_image() -> tuple[str, str]:
     env = {**os.environ, "TAG": IMAGE_TAG, "PYTHON": sys.executable}
     env.pop("REGISTRY", None)
     r = subprocess.run(["bash", str(BUILD_SCRIPT), "cpu"], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=1500)
+                       timeout=2700)  # a first build on a fresh machine: ~15-20 min
     if r.returncode != 0:
         raise AssertionError(f"image build failed (exit {r.returncode}):\n{r.stderr[-4000:]}")
     return r.stdout.strip().splitlines()[-1], r.stderr

@@ -21,7 +21,7 @@ import yaml
 from tests.containers.docker import StageRunner, wait_for_models
 from tests.fixtures_s3 import MotoS3
 
-pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 RUN_ID = "ctr"
 STAGES_AFTER_GENERATE = ("vocab", "extract", "train", "export", "evaluate")
