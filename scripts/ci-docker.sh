@@ -17,7 +17,8 @@ if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
   log "installing docker.io and debootstrap"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends docker.io debootstrap >/dev/null
+  # With recommends, as verified here (debootstrap wants debian-archive-keyring to check signatures).
+  apt-get install -y -q docker.io debootstrap debian-archive-keyring >/dev/null
 fi
 
 engine_up() { timeout 10 docker info >/dev/null 2>&1; }
