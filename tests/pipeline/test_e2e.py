@@ -152,28 +152,43 @@ def assert_failure_blocks_dependents_only(workdir: Path, cache: Path, run_id: st
                       "export": "blocked", "evaluate": "blocked"}
 
 
+def wait_until_running(workdir: Path, run_id: str, stage: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+    """Until state.json says ``stage`` is running (or the run ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if recorded(workdir, run_id)["stages"].get(stage, {}).get("state") in ("running", "done", "skipped"):
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+
+
 def test_killed_at_random_points_the_pipeline_resumes_to_completion(tmp_path, target_cache):
-    rng = random.Random(int(os.environ.get("EAGLE3_TEST_SEED", time.time())))
+    seed = int(os.environ.get("EAGLE3_TEST_SEED", time.time()))
+    rng = random.Random(seed)
     config = write_config(tmp_path, "llama", target_cache)
     run_id = yaml.safe_load(config.read_text())["run_id"]
     store = tmp_path / "store"
     committed: dict[str, bytes] = {}
-    for attempt in range(3):
+    # One kill while each of these is running, at a random moment into it, by SIGTERM or SIGKILL.
+    for stage in ["generate", rng.choice(["vocab", "extract"]), rng.choice(["train", "export", "evaluate"])]:
         proc = start_eagle3ctl(tmp_path, "run", "pipeline", "-c", str(config))
-        time.sleep(rng.uniform(3, 25))
+        wait_until_running(tmp_path, run_id, stage, proc)
+        time.sleep(rng.uniform(0, 4))
         sig = rng.choice([signal.SIGTERM, signal.SIGKILL])
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=180)
-        if sig == signal.SIGTERM:  # stopped cleanly (or it had finished, or not yet installed its handler)
-            assert proc.returncode in (0, 130, -signal.SIGTERM), out[-3000:]
+        if sig == signal.SIGTERM:  # stopped cleanly (or it had already finished)
+            assert proc.returncode in (0, 130), f"seed {seed}: " + out[-3000:]
         now = manifests(store, run_id)
         for name, raw in committed.items():
-            assert now[name] == raw, f"attempt {attempt}: committed manifest of {name} changed"
+            assert now[name] == raw, f"seed {seed}: committed manifest of {name} changed after killing at {stage}"
         committed = now
     r = eagle3ctl(tmp_path, "run", "pipeline", "-c", str(config))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, f"seed {seed}: " + r.stdout[-3000:] + r.stderr[-3000:]
     final = manifests(store, run_id)
     assert set(final) == set(ORDER)
     for name, raw in committed.items():
-        assert final[name] == raw, f"committed manifest of {name} changed on resume"
+        assert final[name] == raw, f"seed {seed}: committed manifest of {name} changed on resume"
     assert_every_sample_once(store, run_id)
