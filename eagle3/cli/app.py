@@ -13,6 +13,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train EAGLE-
 
 from eagle3.cli import inspect as _inspect  # noqa: E402
 from eagle3.cli import manage as _manage  # noqa: E402
+from eagle3.cli.render import render as _render  # noqa: E402
 from eagle3.cli.run import app as _run_app  # noqa: E402
 
 app.add_typer(_run_app, name="run")
@@ -21,6 +22,7 @@ app.command("logs")(_inspect.logs)
 app.command("report")(_manage.report)
 app.command("down")(_manage.down)
 app.command("init")(_manage.init)
+app.command("render")(_render)
 
 
 @app.callback()
