@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -238,6 +239,25 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
     max_steps = s.max_steps if s.max_steps is not None else 1 << 62
     t_start, tokens_at_start, last_ckpt = time.perf_counter(), tokens_seen, step
     window_t, window_tokens = time.perf_counter(), 0
+
+    def record(step: int, loss: Tensor, step_loss: Tensor, step_acc: Tensor, step_count: Tensor, grad_norm: Any, lr: float) -> None:
+        """Reduce the last batch's stats over ranks and log one metrics record (every rank calls this)."""
+        nonlocal window_t, window_tokens
+        stats = torch.stack([loss.detach().float(), *(step_loss * step_count), *(step_acc * step_count), *step_count.float()])
+        _reduce(stats, env)
+        n = stats[1 + 2 * s.ttt_steps :].clamp_min(1)
+        rec = {"step": step, "epoch": epoch, "loss": float(stats[0] / env.world), "lr": lr, "grad_norm": float(grad_norm)}
+        rec.update({f"loss_{k}": float(stats[1 + k] / n[k]) for k in range(s.ttt_steps)})
+        rec.update({f"acc_{k}": float(stats[1 + s.ttt_steps + k] / n[k]) for k in range(s.ttt_steps)})
+        now = time.perf_counter()
+        rec["tokens_per_s"] = round(window_tokens / max(now - window_t, 1e-9), 1)
+        rec["tokens"] = tokens_seen
+        window_t, window_tokens = now, 0
+        if log is not None:
+            log.log(rec)
+        job.progress(step, horizon, "steps", loss=round(rec["loss"], 4), acc_0=round(rec["acc_0"], 4))
+
+    logged = step
     wrapped.train()
     while epoch < total_epochs and step < max_steps:
         limit = math.ceil(frac * per_epoch) if epoch == full_epochs else None
@@ -268,25 +288,16 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
             tokens_seen += batch_tokens
             window_tokens += batch_tokens
             if step % s.log_every == 0 or step == max_steps:
-                stats = torch.stack([loss.detach().float(), *(step_loss * step_count), *(step_acc * step_count), *step_count.float()])
-                _reduce(stats, env)
-                n = stats[1 + 2 * s.ttt_steps :].clamp_min(1)
-                rec = {"step": step, "epoch": epoch, "loss": float(stats[0] / env.world), "lr": lr, "grad_norm": float(grad_norm)}
-                rec.update({f"loss_{k}": float(stats[1 + k] / n[k]) for k in range(s.ttt_steps)})
-                rec.update({f"acc_{k}": float(stats[1 + s.ttt_steps + k] / n[k]) for k in range(s.ttt_steps)})
-                now = time.perf_counter()
-                rec["tokens_per_s"] = round(window_tokens / max(now - window_t, 1e-9), 1)
-                rec["tokens"] = tokens_seen
-                window_t, window_tokens = now, 0
-                if log is not None:
-                    log.log(rec)
-                job.progress(step, horizon, "steps", loss=round(rec["loss"], 4), acc_0=round(rec["acc_0"], 4))
+                record(step, loss, step_loss, step_acc, step_count, grad_norm, lr)
+                logged = step
             if step % s.checkpoint_every == 0:
                 save(step)
                 last_ckpt = step
         else:
             break  # max_steps reached inside the epoch: the position stays mid-epoch
         epoch, batch_idx = epoch + 1, 0
+    if step > logged:  # the data ran out between log_every boundaries: always log the last step
+        record(step, loss, step_loss, step_acc, step_count, grad_norm, lr)
     if step > last_ckpt:
         save(step)
     elapsed = time.perf_counter() - t_start

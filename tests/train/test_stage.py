@@ -86,6 +86,17 @@ def test_train_commits_drafter_metrics_and_last_two_checkpoints(upstream, tmp_pa
     assert drafter.config.draft_vocab_size == 64 and drafter.config.aux_layer_ids == stats["aux_layer_ids"]
 
 
+def test_last_step_is_logged_when_the_data_ends_between_log_boundaries(upstream, tmp_path):
+    # One epoch ends long before max_steps; with log_every larger than the steps run, the
+    # last step must still be recorded (deep_check rejects a train stage with no metrics).
+    cfg = fresh_config(upstream, tmp_path, **{"train.max_steps": 10_000, "train.log_every": 1000, "train.epochs": 1.0})
+    stats = run_stage(cfg, "train")
+    store = open_store(cfg.store.uri)
+    records = parse_metrics(store.get_bytes("t/train/metrics.jsonl").decode())
+    assert [r["step"] for r in records] == [stats["steps"]]
+    assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
+
+
 class StopAtCall(StopFlag):
     """Test double for the SIGTERM flag: reports a stop request on its n-th check."""
 
