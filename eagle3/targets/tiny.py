@@ -1,4 +1,4 @@
-"""Tiny random targets built from config: real architectures, no model hub.
+"""Tiny targets built from config and briefly pretrained: real architectures, no model hub.
 
 Two architectures, each small enough that a 512-token forward takes milliseconds on CPU:
 
@@ -11,7 +11,13 @@ Both share a byte-level BPE tokenizer trained in-process on a built-in corpus, s
 ``reasoning_content`` as ``<think>…</think>`` before its content. Like real targets, the
 model's ``vocab_size`` (lm_head rows) is padded above ``len(tokenizer)``.
 
-A build is deterministic for a given (arch, seed): same bytes every time.
+The random model is then pretrained for a few seconds on one CPU thread on synthetic
+chats (:mod:`eagle3.targets.tiny_pretrain`) so that its greedy answers are regular text
+with ``<think>`` reasoning: a drafter has something to learn, and reasoning capture is
+exercised against a real server.
+
+A build is deterministic for a given (arch, seed): same bytes every time (same machine
+and torch version).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import torch
 
 ARCHS = ("llama", "deepseek")
 # Bump when the recipe changes: cached builds are keyed by it.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 COMPLETE_MARKER = ".eagle3-tiny-target.json"
 
 TOKENIZER_VOCAB = 1000
@@ -35,8 +41,7 @@ VOCAB_PAD_MULTIPLE = 128  # model vocab_size = len(tokenizer) rounded up (lm_hea
 NUM_LAYERS = 6
 HIDDEN = 64
 MAX_POSITIONS = 4096
-# Larger than the usual 0.02 so that random greedy decoding is not one token forever.
-INIT_STD = 0.2
+INIT_STD = 0.02
 
 PAD, BOS, IM_START, IM_END, THINK, END_THINK = "<|pad|>", "<|bos|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"
 SPECIAL_TOKENS = [PAD, BOS, IM_START, IM_END]
@@ -72,9 +77,13 @@ _REASONING = ["Let me think about this.", "First, I consider the question.", "Th
 
 
 def corpus(num_lines: int = 4000, seed: int = 0) -> list[str]:
-    """A deterministic built-in corpus: chat-like English, code, numbers, think tags."""
+    """A deterministic built-in corpus: chat-like English, code, numbers, think tags, and
+    the pretraining chats' text (so their words are single tokens)."""
+    from eagle3.targets.tiny_pretrain import synthetic_chats
+
     rng = random.Random(seed)
-    lines = []
+    lines = [m["content"] + "\n" + m.get("reasoning_content", "")
+             for chat in synthetic_chats(num_lines // 4, seed) for m in chat]
     for i in range(num_lines):
         kind = i % 5
         if kind == 0:
@@ -146,8 +155,10 @@ def tiny_config(arch: str, vocab_size: int, pad_id: int, bos_id: int, eos_id: in
 
 
 def build_tiny_target(arch: str, out_dir: Path, seed: int = 0) -> Path:
-    """Write a tiny random target (model + tokenizer + chat template) as an HF directory."""
+    """Write a tiny pretrained target (model + tokenizer + chat template) as an HF directory."""
     from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from eagle3.targets.tiny_pretrain import pretrain
 
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny target architecture {arch!r}; choose one of {', '.join(ARCHS)}")
@@ -158,6 +169,7 @@ def build_tiny_target(arch: str, out_dir: Path, seed: int = 0) -> Path:
     config = tiny_config(arch, _padded_vocab(len(tokenizer)), ids[PAD], ids[BOS], ids[IM_END])
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    pretrain(model, tokenizer, seed)
     model.generation_config = GenerationConfig(
         bos_token_id=ids[BOS], eos_token_id=ids[IM_END], pad_token_id=ids[PAD], do_sample=False
     )
