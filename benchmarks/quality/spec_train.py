@@ -57,6 +57,9 @@ def spec_argv(a: argparse.Namespace) -> list[str]:
         "--ttt-steps", str(a.ttt_steps),
         "--ttt-step-loss-decay", str(a.ttt_decay),
         "--loss-fn", "kl_div",
+        # Its default fused Triton loss breaks torch 2.11's dynamo inside its compiled forward
+        # ("ListVariable ... already tracked for mutation", seen on the H200 run); eager works.
+        "--loss-implementation", "eager",
         "--optimizer", "adamw",
         "--lr", str(a.lr),
         "--weight-decay", "0.0",
