@@ -10,12 +10,13 @@ from eagle3.targets.load import (
     served_model_name, target_vocab_size,
 )
 from eagle3.targets.settings import TargetSettings
+from eagle3.targets.tiny import RECIPE_VERSION
 
 
 def test_builtin_resolves_to_cached_dir(tmp_path):
     s = TargetSettings(model="builtin:tiny-deepseek", cache_dir=str(tmp_path))
     path = resolve_target(s)
-    assert path.startswith(str(tmp_path.resolve())) and path.endswith("r1")
+    assert path.startswith(str(tmp_path.resolve())) and path.endswith(f"r{RECIPE_VERSION}")
     assert served_model_name(s) == path
     assert num_layers(load_target_config(s)) == 6
 

@@ -74,3 +74,43 @@ def test_builtin_dir_is_built_once(tmp_path):
 def test_unknown_arch(tmp_path):
     with pytest.raises(ValueError, match="unknown tiny target architecture"):
         build_tiny_target("gpt2", tmp_path)
+
+
+@pytest.mark.parametrize("arch", ["llama", pytest.param("deepseek", marks=pytest.mark.slow)])  # MoE decodes slowly
+def test_pretrained_target_answers_held_out_prompts_with_reasoning(arch, tiny_target_dir):
+    # The last builtin prompts: held out from generate whenever max_samples < NUM_PROMPTS.
+    from eagle3.data.builtin_prompts import builtin_prompts_jsonl
+    from eagle3.data.prompts import parse_prompts
+    from eagle3.data.reasoning import split_inline
+
+    d = tiny_target_dir(arch)
+    tok = AutoTokenizer.from_pretrained(d)
+    model = AutoModelForCausalLM.from_pretrained(d).eval()
+    eos = model.config.eos_token_id
+    replies = []
+    for p in parse_prompts(builtin_prompts_jsonl(), "builtin", None)[-3:]:
+        head = tok.apply_chat_template(p.messages, tokenize=False, add_generation_prompt=True)
+        x = tok(head, add_special_tokens=False, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(x, max_new_tokens=64, do_sample=False, eos_token_id=eos, pad_token_id=tok.pad_token_id)
+        replies.append(tok.decode(out[0, x.shape[1]:], skip_special_tokens=True))
+    split = [split_inline(r) for r in replies]
+    assert all(s.source == "inline" and s.reasoning and s.content for s in split), replies
+    # Regular text, not noise: the pretraining templates' words.
+    assert all("The user wants" in s.reasoning for s in split), replies
+
+
+def test_pretraining_chats_follow_the_templates():
+    from eagle3.targets.tiny_pretrain import reply, synthetic_chats
+
+    chats = synthetic_chats(50)
+    assert chats == synthetic_chats(50)  # deterministic
+    for chat in chats:
+        last = chat[-1]
+        assert last["role"] == "assistant" and last["reasoning_content"].startswith("The user wants")
+    from eagle3.data.builtin_prompts import Request
+
+    assert reply(Request("Define", "rivers", " briefly")) == (
+        "The user wants me to define rivers. They want a short answer.",
+        "Rivers is a word for something we can study and use.")
+    assert reply(Request(a=2, b=3))[1] == "2 plus 3 is 5."
