@@ -1,12 +1,13 @@
 """End to end on a tiny target: a drafter trained on the target's own greedy outputs
-is accepted (mean acceptance length > 1) when it drafts for the target.
+is accepted (mean acceptance length well above 1) when it drafts for the target on
+held-out prompts.
 
-The tiny target is random, so its greedy text has no structure a drafter could
-generalise from a few thousand tokens: on held-out prompts acceptance stays ~1.0. On
-prompts it was trained on, a drafter whose whole chain is consistent (aux ids, shard
-alignment, d2t, export names, decode alignment) drafts what it learned and is accepted;
-a misalignment anywhere in the chain keeps acceptance at ~1.0 even there. So the test
-evaluates on training prompts, passed explicitly as ``evaluate.prompts``.
+The builtin tiny target is pretrained on templated chats with ``<think>`` reasoning
+(``eagle3.targets.tiny_pretrain``), so its greedy answers are regular text a drafter can
+learn. Evaluate uses the builtin prompts generate did not use (generate.max_samples is
+below their number), so acceptance measures generalisation, not memorisation; a
+misalignment anywhere in the chain (aux ids, shard alignment, d2t, export names, decode
+alignment) keeps acceptance at ~1.0.
 
 generate -> vocab -> extract -> train -> export -> evaluate, through the stage entrypoint
 on a file:// store. Only generate is replaced (named fixture below): instead of
@@ -33,8 +34,9 @@ from eagle3.manifest import StageOutput
 from eagle3.store import open_store
 from tests.extract.pipeline import pipeline_config
 
-NUM_TRAIN_PROMPTS = 96
-MAX_NEW_TOKENS = 40
+NUM_TRAIN_PROMPTS = 48
+MAX_NEW_TOKENS = 64
+MIN_ACCEPTANCE = 1.5  # measured ~3 (k=3); a broken chain gives ~1.0
 
 
 def commit_greedy_generate(cfg: PipelineConfig, target_dir: Path) -> int:
@@ -79,19 +81,16 @@ def test_trained_drafter_is_accepted(tmp_path, tiny_target_dir):
         "generate.max_samples": NUM_TRAIN_PROMPTS,
         "vocab.draft_vocab_size": 256,
         "extract.shard_tokens": 4096,
-        "train.max_steps": 200, "train.epochs": 100.0, "train.batch_tokens": 2048, "train.lr": 3e-3, "train.warmup_steps": 10,
+        "train.max_steps": 120, "train.epochs": 100.0, "train.batch_tokens": 1024, "train.lr": 3e-3, "train.warmup_steps": 10,
         "train.ttt_steps": 3, "train.eval_fraction": 0.0, "train.checkpoint_every": 1000, "train.device": "cpu",
         "evaluate.num_prompts": 8, "evaluate.max_new_tokens": MAX_NEW_TOKENS, "evaluate.num_draft_tokens": 3,
         "evaluate.check_greedy": 8, "evaluate.device": "cpu",
     })
     assert commit_greedy_generate(cfg, target_dir) == NUM_TRAIN_PROMPTS
-    trained = load_prompts(cfg.generate.prompts, None, NUM_TRAIN_PROMPTS, cfg.generate.seed)[:8]
-    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"messages": p.messages}) + "\n" for p in trained))
-    cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"prompts": str(tmp_path / "eval.jsonl")})})
     for stage in ("vocab", "extract", "train", "export", "evaluate"):
         run_stage(cfg, stage)
     report = json.loads(open_store(cfg.store.uri).get_bytes("t/evaluate/report.json"))
     print("e2e acceptance:", report["mean_acceptance_length"], report["acceptance_rate_per_position"])
-    assert report["prompt_source"].startswith("evaluate.prompts")
+    assert report["held_out"] is True, report["prompt_source"]
     assert report["greedy_check"]["all_match"] is True
-    assert report["mean_acceptance_length"] > 1.0, report["acceptance_rate_per_position"]
+    assert report["mean_acceptance_length"] > MIN_ACCEPTANCE, report["acceptance_rate_per_position"]
