@@ -40,15 +40,18 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def tiny_target_dir(tmp_path_factory):
-    from eagle3.targets.tiny import build_tiny_target
+def tiny_cache_dir(tmp_path_factory) -> Path:
+    """One ``target.cache_dir`` for the whole session: each tiny target is built (and
+    pretrained, ~15 s) once, whichever tests, stages or pipelines ask for it."""
+    return tmp_path_factory.mktemp("tiny-targets")
 
-    built: dict[str, Path] = {}
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tiny_cache_dir):
+    from eagle3.targets.tiny import builtin_target_dir
 
     def get(arch: str) -> Path:
-        if arch not in built:
-            built[arch] = build_tiny_target(arch, tmp_path_factory.mktemp(f"tiny-{arch}"))
-        return built[arch]
+        return builtin_target_dir(arch, tiny_cache_dir)
 
     return get
 

@@ -35,8 +35,8 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def target_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("tiny-target-cache")
+def target_cache(tiny_cache_dir) -> Path:
+    return tiny_cache_dir
 
 
 def write_config(workdir: Path, arch: str, cache: Path, **over) -> Path:

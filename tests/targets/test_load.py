@@ -13,10 +13,10 @@ from eagle3.targets.settings import TargetSettings
 from eagle3.targets.tiny import RECIPE_VERSION
 
 
-def test_builtin_resolves_to_cached_dir(tmp_path):
-    s = TargetSettings(model="builtin:tiny-deepseek", cache_dir=str(tmp_path))
+def test_builtin_resolves_to_cached_dir(tiny_cache_dir):
+    s = TargetSettings(model="builtin:tiny-deepseek", cache_dir=str(tiny_cache_dir))
     path = resolve_target(s)
-    assert path.startswith(str(tmp_path.resolve())) and path.endswith(f"r{RECIPE_VERSION}")
+    assert path.startswith(str(tiny_cache_dir.resolve())) and path.endswith(f"r{RECIPE_VERSION}")
     assert served_model_name(s) == path
     assert num_layers(load_target_config(s)) == 6
 

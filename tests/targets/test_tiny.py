@@ -64,10 +64,10 @@ def test_build_is_deterministic(tmp_path, tiny_llama_dir):
     assert _digests(again) == _digests(tiny_llama_dir)
 
 
-def test_builtin_dir_is_built_once(tmp_path):
-    first = builtin_target_dir("llama", tmp_path)
+def test_builtin_dir_is_built_once(tiny_cache_dir):
+    first = builtin_target_dir("llama", tiny_cache_dir)
     mtime = (first / "model.safetensors").stat().st_mtime_ns
-    assert builtin_target_dir("llama", tmp_path) == first
+    assert builtin_target_dir("llama", tiny_cache_dir) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == mtime
 
 

@@ -12,10 +12,7 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_cache_dir(tmp_path_factory):
-    """target.cache_dir holding builtin:tiny-llama (built once per session)."""
-    from eagle3.targets.tiny import builtin_target_dir
-
-    cache = tmp_path_factory.mktemp("train-targets")
-    builtin_target_dir("llama", cache)
-    return cache
+def tiny_llama_cache_dir(tiny_cache_dir, tiny_target_dir):
+    """target.cache_dir holding builtin:tiny-llama (the session's shared build)."""
+    tiny_target_dir("llama")
+    return tiny_cache_dir
