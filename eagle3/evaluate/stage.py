@@ -12,7 +12,6 @@ import json
 import time
 from typing import Any
 
-import torch
 from safetensors import safe_open
 
 from eagle3.context import StageContext

@@ -27,7 +27,7 @@ from eagle3.config import PipelineConfig
 from eagle3.context import PROGRESS_TAG
 from eagle3.errors import ConfigError, StageError
 from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
-from eagle3.pipeline.runstate import RunState
+from eagle3.pipeline.runstate import RunState, pid_alive
 from eagle3.serve.process import ServerProcess, group_alive, last_line, proc_cmdline, stop_process_group
 from eagle3.serve.vllm import choose_engine, gpu_count, vllm_command
 
@@ -244,11 +244,11 @@ class LocalBackend(Backend):
         data = RunState.read(self.state.dir)
         removed = []
         sched = data.get("scheduler_pid")
-        if (sched and sched != os.getpid() and not data.get("finished") and _pid_alive(sched)
+        if (sched and sched != os.getpid() and not data.get("finished") and pid_alive(sched)
                 and _ours(sched, data.get("scheduler_cmd"))):
             os.kill(sched, signal.SIGTERM)
             deadline = time.monotonic() + self.cancel_grace_s + 70
-            while _pid_alive(sched) and time.monotonic() < deadline:
+            while pid_alive(sched) and time.monotonic() < deadline:
                 time.sleep(0.2)
             removed.append(f"eagle3ctl run (pid {sched})")
             data = RunState.read(self.state.dir)
@@ -279,16 +279,6 @@ def port_in_use(host: str, port: int) -> bool:
 
 def _client_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::") else host
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _ours(pid: int, recorded_cmd: str | None) -> bool:

@@ -20,7 +20,7 @@ from eagle3.context import open_run_store
 from eagle3.errors import ConfigError, Eagle3Error
 from eagle3.pipeline.backend import Backend
 from eagle3.pipeline.live import LiveView, make_view
-from eagle3.pipeline.runstate import RunState, run_dir
+from eagle3.pipeline.runstate import RunState, pid_alive, run_dir
 from eagle3.pipeline.scheduler import RunResult, Scheduler, Selection
 
 
@@ -76,21 +76,11 @@ def _check_local_inputs(cfg: PipelineConfig, selection: Selection) -> None:
         raise ConfigError(f"{field}: file not found: {value}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def claim_run(cfg: PipelineConfig, backend: Backend, state: RunState, echo: Callable[[str], None]) -> None:
     """Refuse a second scheduler for the same run; stop processes an earlier, killed one left behind
     (stages run in their own process groups, so they outlive a SIGKILLed scheduler)."""
     previous = state.data.get("scheduler_pid")
-    if previous and previous != os.getpid() and _alive(previous) and not state.data.get("finished", True):
+    if previous and previous != os.getpid() and pid_alive(previous) and not state.data.get("finished", True):
         raise ConfigError(f"run {cfg.run_id} is already running (eagle3ctl pid {previous}); "
                           f"wait for it or stop it with `eagle3ctl down`")
     if cfg.backend == "local":

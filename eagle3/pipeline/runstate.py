@@ -60,3 +60,14 @@ class RunState:
             tmp = self.path.with_name(f".state.{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True, default=str) + "\n")
             os.replace(tmp, self.path)
+
+
+def pid_alive(pid: int) -> bool:
+    """Does a process with this pid exist (ours or, with PermissionError, someone else's)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

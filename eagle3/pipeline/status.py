@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from eagle3.config import PipelineConfig
 from eagle3.context import open_run_store, stage_input_key
 from eagle3.manifest import verify_stage
-from eagle3.pipeline.runstate import RunState, run_dir
+from eagle3.pipeline.runstate import RunState, pid_alive, run_dir
 from eagle3.stages import ORDER, STAGES
 
 HEADLINE_STATS = ("samples", "num_samples", "tokens", "num_tokens", "coverage", "shards", "steps", "final_loss",
@@ -63,13 +62,7 @@ def run_in_progress(live: dict[str, Any]) -> bool:
     pid = live.get("scheduler_pid")
     if not live or live.get("finished", True) or not pid:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def run_summary(cfg: PipelineConfig) -> dict[str, Any]:
