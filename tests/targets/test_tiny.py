@@ -8,11 +8,12 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from eagle3.targets.tiny import build_tiny_target, builtin_target_dir
+from eagle3.targets.tiny import COMPLETE_MARKER, build_tiny_target, builtin_target_dir
 
 
 def _digests(d):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+    """sha256 of every file of the HF directory (the cache's completion marker is not part of it)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir()) if p.name != COMPLETE_MARKER}
 
 
 @pytest.mark.parametrize("arch", ["llama", "deepseek"])
