@@ -20,14 +20,3 @@ def tiny_target(request: pytest.FixtureRequest, tiny_target_dirs: dict[str, Path
 
     model = AutoModelForCausalLM.from_pretrained(tiny_target_dirs[request.param], dtype=torch.float32).eval()
     return request.param, model
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _one_torch_thread():
-    """Tiny models on a shared 2-core machine: extra threads only spin (40x slower under load)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
