@@ -10,7 +10,9 @@ which is what vLLM does when drafting: the target's hidden at t plus the token i
 sampled, then the drafter's own output, one position further each step. A prediction
 counts when the token it predicts, x_{t+2+k}, is loss-masked (an assistant token);
 rows whose targets fall off the end are masked. The teacher is the target's lm_head
-restricted to the draft vocab, applied to the stored final hidden state on the fly.
+restricted to the draft vocab, applied to the stored final hidden state once per batch
+(every step is taught by the same set of positions); the draft head and the KL run
+fused, chunk by chunk (:mod:`eagle3.drafter.linear_kl`), only over counted rows.
 
 Loss of step k: forward KL(p_teacher || q_draft) averaged over counted rows; total
 loss = sum_k decay**k · loss_k. Accuracy of step k: argmax q == argmax p.
@@ -21,10 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
-
+from eagle3.drafter.linear_kl import linear_kl
 from eagle3.drafter.model import Eagle3Drafter, TTTCache
 
 
@@ -53,35 +53,40 @@ class TTTResult:
     step_count: Tensor  # [S] counted rows per step
 
 
-def _kl_and_hits(drafter: Eagle3Drafter, teacher_head: Tensor, hidden: Tensor, final: Tensor) -> tuple[Tensor, Tensor]:
-    """hidden [R, H] drafter output, final [R, Ht] target final hidden → (sum KL, hits), both scalars."""
-    logq = F.log_softmax(drafter.logits(hidden).float(), dim=-1)  # [R, N]
+def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Teacher logits of every position any TTT step is taught by, computed once per batch.
+
+    Step k at row t is taught by z_{t+1+k} and counts iff loss_mask[t+2+k]: so position j
+    is needed iff loss_mask[j+1], the same set for every step. → (logits [R0, N] in the
+    head's dtype, row_of [B·T] int64: the logits row of flat position j, or -1).
+    """
+    needed = shift_left(loss_mask, 1).bool().flatten()  # [B·T]
+    idx = needed.nonzero().squeeze(-1)  # [R0]
     with torch.no_grad():
-        logp = F.log_softmax((final.to(teacher_head.dtype) @ teacher_head.T).float(), dim=-1)  # [R, N]
-        hits = (logq.argmax(-1) == logp.argmax(-1)).sum()
-    kl = (logp.exp() * (logp - logq)).sum()
-    return kl, hits
+        f = final_hidden.flatten(0, 1).index_select(0, idx).to(teacher_head.dtype)  # [R0, Ht]
+        logits = f @ teacher_head.T  # [R0, N]
+    row_of = torch.full((needed.numel(),), -1, dtype=torch.long, device=loss_mask.device)
+    row_of[idx] = torch.arange(idx.numel(), device=loss_mask.device)
+    return logits, row_of
 
 
 def step_kl(
-    drafter: Eagle3Drafter, teacher_head: Tensor, hidden: Tensor, final: Tensor, counted: Tensor, chunk_rows: int
+    drafter: Eagle3Drafter, teacher: Tensor, row_of: Tensor, hidden: Tensor, counted: Tensor, step: int, chunk_rows: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Sum of KL, hits and count over counted rows; logits are built ``chunk_rows`` at a time
-    and recomputed in backward, so no [rows, vocab] tensor outlives its chunk."""
+    """Sum of KL, hits and count over the counted rows of TTT step ``step``.
+
+    hidden [B, T, H] drafter output; teacher/row_of from :func:`teacher_logits`. Row t's
+    teacher is position t+1+step of the same sample (counted rows never run off the end).
+    """
     idx = counted.flatten().nonzero().squeeze(-1)  # [R]
-    h = hidden.flatten(0, 1).index_select(0, idx)  # [R, H]
-    f = final.flatten(0, 1).index_select(0, idx)  # [R, Ht]
-    # Zero, but through every weight: a batch with nothing counted still backpropagates
-    # to all parameters, which DDP needs to finish its gradient reduction.
-    kl = 0.0 * drafter.logits(hidden[:1, :1]).float().sum()
-    hits = torch.zeros((), dtype=torch.long, device=hidden.device)
-    for s in range(0, idx.numel(), chunk_rows):
-        part = (h[s : s + chunk_rows], f[s : s + chunk_rows])
-        if torch.is_grad_enabled():
-            k, n = checkpoint(_kl_and_hits, drafter, teacher_head, *part, use_reentrant=False)
-        else:
-            k, n = _kl_and_hits(drafter, teacher_head, *part)
-        kl, hits = kl + k, hits + n
+    if idx.numel() == 0:
+        # Zero, but through every weight: a batch with nothing counted still backpropagates
+        # to all parameters, which DDP needs to finish its gradient reduction.
+        zero = 0.0 * drafter.logits(hidden[:1, :1]).float().sum()
+        return zero, torch.zeros((), dtype=torch.long, device=hidden.device), torch.zeros((), dtype=torch.long, device=hidden.device)
+    x = drafter.norm(hidden.flatten(0, 1).index_select(0, idx))  # [R, H]
+    t = teacher.index_select(0, row_of.index_select(0, idx + 1 + step))  # [R, N]
+    kl, hits = linear_kl(x, drafter.lm_head.weight, t, chunk_rows)
     return kl, hits, torch.tensor(idx.numel(), device=hidden.device)
 
 
@@ -100,13 +105,14 @@ def ttt_loss(
     """input_ids [B, T], aux_hidden [B, T, 3Ht], final_hidden [B, T, Ht], loss_mask [B, T];
     teacher_head [N, Ht] = the target lm_head rows of the draft vocab."""
     cache = TTTCache(attention)
+    teacher, row_of = teacher_logits(teacher_head, final_hidden, loss_mask)  # [R0, N], [B·T]
     hidden = drafter.project_aux(aux_hidden)  # [B, T, H]
     losses, accs, counts = [], [], []
     total = hidden.new_zeros((), dtype=torch.float32)
     for k in range(steps):
         tokens, positions, counted = step_inputs(input_ids, loss_mask, k)
         hidden = drafter.step_hidden(tokens, hidden, positions, cache)  # [B, T, H]
-        kl, hits, n = step_kl(drafter, teacher_head, hidden, shift_left(final_hidden, 1 + k), counted, chunk_rows)
+        kl, hits, n = step_kl(drafter, teacher, row_of, hidden, counted, k, chunk_rows)
         denom = n.clamp_min(1)
         loss_k = kl / denom
         total = total + decay**k * loss_k

@@ -89,8 +89,9 @@ class Batch:
         return Batch(*(t.to(device, non_blocking=nb) for t in (self.input_ids, self.loss_mask, self.aux_hidden, self.final_hidden)), self.tokens)
 
 
-def collate(shard: HiddenShard, samples: list[int], max_seq_len: int, dtype: torch.dtype, pad_to: int = 1) -> Batch:
-    """Right-pad the chosen samples of a shard (cut to max_seq_len) into one batch."""
+def collate(shard: HiddenShard, samples: list[int], max_seq_len: int, dtype: torch.dtype, pad_to: int = 1, pin: bool = False) -> Batch:
+    """Right-pad the chosen samples of a shard (cut to max_seq_len) into one batch
+    (in page-locked memory when ``pin``, for asynchronous copies to the GPU)."""
     spans = []
     for i in samples:
         s = shard.sample(i)
@@ -98,10 +99,10 @@ def collate(shard: HiddenShard, samples: list[int], max_seq_len: int, dtype: tor
     t = max(sp.stop - sp.start for sp in spans)
     t = -(-t // pad_to) * pad_to
     b, h = len(spans), shard.final_hidden.shape[1]
-    ids = torch.zeros(b, t, dtype=torch.int64)
-    mask = torch.zeros(b, t, dtype=torch.uint8)
-    aux = torch.zeros(b, t, 3 * h, dtype=dtype)
-    final = torch.zeros(b, t, h, dtype=dtype)
+    ids = torch.zeros(b, t, dtype=torch.int64, pin_memory=pin)
+    mask = torch.zeros(b, t, dtype=torch.uint8, pin_memory=pin)
+    aux = torch.zeros(b, t, 3 * h, dtype=dtype, pin_memory=pin)
+    final = torch.zeros(b, t, h, dtype=dtype, pin_memory=pin)
     for r, sp in enumerate(spans):
         n = sp.stop - sp.start
         part = HiddenShard(
@@ -142,7 +143,8 @@ class DataPlan:
         return max(1, int(tokens // (self.batch_tokens * self.world)))
 
     def iterate(
-        self, open_shard: Callable[[str], HiddenShard], epoch: int, dtype: torch.dtype, skip: int = 0, train: bool = True, pad_to: int = 1
+        self, open_shard: Callable[[str], HiddenShard], epoch: int, dtype: torch.dtype, skip: int = 0, train: bool = True,
+        pad_to: int = 1, pin: bool = False,
     ) -> Iterator[Batch]:
         """This rank's batches of one epoch, skipping the first ``skip`` (resume)."""
         seen = 0
@@ -154,6 +156,6 @@ class DataPlan:
                 continue
             for b in plans:
                 if seen >= skip:
-                    yield collate(shard, b, min(self.max_seq_len, self.batch_tokens), dtype, pad_to)
+                    yield collate(shard, b, min(self.max_seq_len, self.batch_tokens), dtype, pad_to, pin)
                 seen += 1
             del shard

@@ -37,6 +37,7 @@ from eagle3.store import ObjectStore
 from eagle3.train import checkpoint as ckpt_io
 from eagle3.train.data import Batch, DataPlan
 from eagle3.train.metrics import MetricsLog
+from eagle3.train.prefetch import Prefetcher
 from eagle3.train.schedule import lr_factor
 from eagle3.train.settings import TrainSettings
 
@@ -118,6 +119,16 @@ def _reduce(t: torch.Tensor, env: DistEnv, op: Any = None) -> torch.Tensor:
     if env.distributed:
         dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
     return t
+
+
+def _agree(env: DistEnv, no_batch: bool, stop: bool) -> tuple[bool, bool]:
+    """(any rank out of batches, any rank asked to stop): one all-reduce across ranks, none
+    (and no device synchronisation) in a single process."""
+    if not env.distributed:
+        return no_batch, stop
+    flags = torch.tensor([float(no_batch), float(stop)], device=env.device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return bool(flags[0].item()), bool(flags[1].item())
 
 
 def _build(job: TrainJob, env: DistEnv) -> tuple[torch.nn.Module, TTTObjective]:
@@ -258,43 +269,43 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
         job.progress(step, horizon, "steps", loss=round(rec["loss"], 4), acc_0=round(rec["acc_0"], 4))
 
     logged = step
+    cuda = env.device.type == "cuda"
     wrapped.train()
     while epoch < total_epochs and step < max_steps:
         limit = math.ceil(frac * per_epoch) if epoch == full_epochs else None
-        it = job.plan.iterate(job.open_shard, epoch, dtype, skip=batch_idx, pad_to=pad_to)
-        while step < max_steps:
-            batch: Batch | None = next(it, None) if limit is None or batch_idx < limit else None
-            flags = torch.tensor([float(batch is None), float(stop())], device=env.device)
-            _reduce(flags, env, dist.ReduceOp.MAX if env.distributed else None)
-            if flags[1].item():
-                if step > last_ckpt:
+        with Prefetcher(job.plan.iterate(job.open_shard, epoch, dtype, skip=batch_idx, pad_to=pad_to, pin=cuda)) as it:
+            while step < max_steps:
+                batch: Batch | None = next(it, None) if limit is None or batch_idx < limit else None
+                no_batch, stopping = _agree(env, batch is None, stop())
+                if stopping:
+                    if step > last_ckpt:
+                        save(step)
+                    raise TrainingInterrupted(f"training stopped on request at step {step}; checkpoint saved, rerun to resume")
+                if no_batch:
+                    break
+                b = batch.to(env.device)
+                with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cuda):
+                    loss, step_loss, step_acc, step_count = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
+                if hasattr(grad_norm, "full_tensor"):
+                    grad_norm = grad_norm.full_tensor()
+                lr = scheduler.get_last_lr()[0]
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                step, batch_idx = step + 1, batch_idx + 1
+                batch_tokens = int(_reduce(torch.tensor([b.tokens], device=env.device), env).item()) if env.distributed else b.tokens
+                tokens_seen += batch_tokens
+                window_tokens += batch_tokens
+                if step % s.log_every == 0 or step == max_steps:
+                    record(step, loss, step_loss, step_acc, step_count, grad_norm, lr)
+                    logged = step
+                if step % s.checkpoint_every == 0:
                     save(step)
-                raise TrainingInterrupted(f"training stopped on request at step {step}; checkpoint saved, rerun to resume")
-            if flags[0].item():
-                break
-            b = batch.to(env.device)
-            with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=env.device.type == "cuda"):
-                loss, step_loss, step_acc, step_count = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step, batch_idx = step + 1, batch_idx + 1
-            batch_tokens = int(_reduce(torch.tensor([b.tokens], device=env.device), env).item())
-            tokens_seen += batch_tokens
-            window_tokens += batch_tokens
-            if step % s.log_every == 0 or step == max_steps:
-                record(step, loss, step_loss, step_acc, step_count, grad_norm, lr)
-                logged = step
-            if step % s.checkpoint_every == 0:
-                save(step)
-                last_ckpt = step
-        else:
-            break  # max_steps reached inside the epoch: the position stays mid-epoch
+                    last_ckpt = step
+            else:
+                break  # max_steps reached inside the epoch: the position stays mid-epoch
         epoch, batch_idx = epoch + 1, 0
     if step > logged:  # the data ran out between log_every boundaries: always log the last step
         record(step, loss, step_loss, step_acc, step_count, grad_norm, lr)

@@ -1,0 +1,102 @@
+"""Fused draft head + KL: ``sum_r KL(p_r || softmax(x_r W^T))`` without keeping logits.
+
+The draft logits of one chunk of rows live only inside that chunk: forward computes
+the KL, the top-1 hits and, right away, the gradient of the KL sum with respect to the
+logits (``softmax(q) - p``), turns it into the gradients of ``x`` and ``W`` and drops
+it. Backward only scales those by the incoming gradient. Compared with autograd over
+checkpointed logits this saves the recomputation of the head in backward and never
+materialises a [rows, vocab] tensor beyond one chunk.
+
+Teacher logits are given (the target's lm_head restricted to the draft vocab, applied
+to the stored final hidden state once per batch, not once per TTT step).
+
+On CUDA the per-chunk math (two log-softmaxes, the KL, the argmaxes and the logit
+gradient) runs through ``torch.compile`` so it fuses into a few kernels; if that
+cannot compile on this machine the same function runs eagerly (reported once).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_compiled = None
+_broken: str | None = None
+
+
+def chunk_kl(x: Tensor, weight: Tensor, teacher: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x [R, H], weight [N, H], teacher logits [R, N] (same compute dtype) →
+    (KL sum fp32 scalar, hits int64 scalar, d KL_sum / d logits [R, N] in x's dtype)."""
+    logq = F.log_softmax((x @ weight.T).float(), dim=-1)  # [R, N]
+    logp = F.log_softmax(teacher.float(), dim=-1)  # [R, N]
+    p = logp.exp()
+    kl = (p * (logp - logq)).sum()
+    hits = (logq.argmax(-1) == logp.argmax(-1)).sum()
+    return kl, hits, (logq.exp() - p).to(x.dtype)
+
+
+def _chunk_fn(device: torch.device):
+    global _compiled
+    if device.type != "cuda" or _broken is not None:
+        return chunk_kl
+    if _compiled is None:
+        _compiled = torch.compile(chunk_kl, dynamic=True)
+    return _compiled
+
+
+def _run_chunk(x: Tensor, weight: Tensor, teacher: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    global _broken
+    fn = _chunk_fn(x.device)
+    if fn is chunk_kl:
+        return chunk_kl(x, weight, teacher)
+    try:
+        return fn(x, weight, teacher)
+    except Exception as e:  # noqa: BLE001 (compile/backend failures vary by version and device)
+        _broken = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        print(f"compiled draft-head KL unavailable ({_broken}); it runs eagerly", file=sys.stderr)
+        return chunk_kl(x, weight, teacher)
+
+
+class LinearKL(torch.autograd.Function):
+    """(x [R, H], weight [N, H], teacher [R, N], chunk_rows) → (KL sum, hits); grads for x and weight."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, teacher: Tensor, chunk_rows: int) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        cdt = teacher.dtype  # compute dtype: bf16 under CUDA autocast, else float32
+        w = weight.to(cdt)
+        xc_all = x.to(cdt)
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_x = torch.empty_like(xc_all) if need_x else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        kl = torch.zeros((), dtype=torch.float32, device=x.device)
+        hits = torch.zeros((), dtype=torch.long, device=x.device)
+        with torch.autocast(x.device.type, enabled=False):
+            for s in range(0, x.shape[0], chunk_rows):
+                xc, tc = xc_all[s : s + chunk_rows], teacher[s : s + chunk_rows]
+                k, n, g = _run_chunk(xc, w, tc)  # g [Rc, N]
+                kl, hits = kl + k, hits + n
+                if grad_x is not None:
+                    torch.mm(g, w, out=grad_x[s : s + chunk_rows])  # [Rc, H]
+                if grad_w is not None:
+                    grad_w += (g.T @ xc).float()  # [N, H]
+        ctx.save_for_backward(grad_x, grad_w)
+        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        ctx.mark_non_differentiable(hits)
+        return kl, hits
+
+    @staticmethod
+    def backward(ctx, g_kl: Tensor, g_hits: Tensor | None):  # type: ignore[override]
+        grad_x, grad_w = ctx.saved_tensors
+        gx = None if grad_x is None else (grad_x.float() * g_kl).to(ctx.x_dtype)
+        gw = None if grad_w is None else (grad_w * g_kl).to(ctx.w_dtype)
+        return gx, gw, None, None
+
+
+def linear_kl(x: Tensor, weight: Tensor, teacher: Tensor, chunk_rows: int = 4096) -> tuple[Tensor, Tensor]:
+    """Sum over rows of KL(softmax(teacher) || softmax(x @ weight.T)) and the top-1 hits."""
+    if x.shape[0] != teacher.shape[0] or weight.shape[0] != teacher.shape[1]:
+        raise ValueError(f"linear_kl: x {tuple(x.shape)}, weight {tuple(weight.shape)}, teacher {tuple(teacher.shape)} do not match")
+    return LinearKL.apply(x, weight, teacher, chunk_rows)
