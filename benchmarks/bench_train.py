@@ -5,13 +5,16 @@ target (hidden 4096, intermediate 14336, 32 heads, 8 kv heads, vocab 128256, dra
 vocab 32000), bf16 autocast, fp32 master weights, fused AdamW, sequence length 2048.
 
 Modes, each measured in the same run:
-  ttt{N}_{attention}  the full objective with N TTT steps (default 7), flex and/or sdpa attention
+  ttt{N}_{attention}  the full objective with N TTT steps (default 7), flex and/or sdpa attention,
+                      compiled as the train stage runs it on CUDA (train.compile)
+  ttt{N}_{attention}_eager  the same without torch.compile (GPU runs)
   ttt1                a plain forward+backward of the same drafter (one step): the baseline
 The JSON reports ``ttt_overhead`` = tokens/s of ttt1 / tokens/s of the TTT mode.
 
     python benchmarks/bench_train.py --out results/train.json             # one GPU
     python benchmarks/bench_train.py --gpus 8 --out results/train8.json  # DDP scaling via torchrun
     python benchmarks/bench_train.py --tiny --out /tmp/t.json             # CPU smoke test
+    python benchmarks/bench_train.py --shape quality --batch 8 --counted 0.4 --out results/train_quality.json
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ from eagle3.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
 LLAMA_8B = dict(hidden_size=4096, target_hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                 num_key_value_heads=8, head_dim=128, vocab_size=128256, draft_vocab_size=32000,
                 rope_theta=500000.0, max_position_embeddings=8192, aux_layer_ids=[2, 16, 29])
+# The drafter of benchmarks/quality's ~133M target (the issue-8 race against speculators).
+QUALITY = dict(hidden_size=640, target_hidden_size=640, intermediate_size=1728, num_attention_heads=10,
+               num_key_value_heads=2, head_dim=64, vocab_size=64000, draft_vocab_size=16384,
+               rms_norm_eps=1e-5, aux_layer_ids=[2, 6, 9])
+SHAPES = {"llama8b": LLAMA_8B, "quality": QUALITY}
 TINY = dict(hidden_size=64, target_hidden_size=64, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, vocab_size=1000, draft_vocab_size=256, aux_layer_ids=[1, 2, 3])
 
@@ -43,6 +51,9 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="JSON results path")
     p.add_argument("--tiny", action="store_true", help="tiny drafter on CPU (smoke test)")
+    p.add_argument("--shape", default="llama8b", choices=sorted(SHAPES), help="drafter shape (GPU runs)")
+    p.add_argument("--counted", type=float, default=1.0, help="share of rows that carry loss (assistant tokens)")
+    p.add_argument("--profile", action="store_true", help="also print the top CUDA kernels of the first mode")
     p.add_argument("--seq-len", type=int, default=None, help="default 2048 (tiny: 128)")
     p.add_argument("--batch", type=int, default=1, help="sequences per step per GPU")
     p.add_argument("--ttt", type=int, default=7)
@@ -65,12 +76,13 @@ def relaunch_under_torchrun(a: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
-def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str, device: torch.device, world: int, rank: int) -> dict:
+def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str, device: torch.device, world: int, rank: int,
+            compiled: bool = False) -> dict:
     torch.manual_seed(0)
     drafter = Eagle3Drafter(cfg)
     drafter.embed_tokens.weight.requires_grad_(False)
     cuda = device.type == "cuda"
-    objective = TTTObjective(drafter, ttt, 0.8, chunk_rows=a.chunk_rows, attention=attention).to(device)
+    objective = TTTObjective(drafter, ttt, 0.8, chunk_rows=a.chunk_rows, attention=attention, compiled=compiled).to(device)
     dtype = torch.bfloat16 if cuda else torch.float32
     drafter.embed_tokens.weight.data = drafter.embed_tokens.weight.data.to(dtype)
     objective.teacher_head = (torch.randn(cfg.draft_vocab_size, cfg.target_hidden_size, device=device) * 0.02).to(dtype)
@@ -86,7 +98,7 @@ def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str,
     ids = torch.randint(0, cfg.vocab_size, (b, t), generator=g).to(device)
     aux = torch.randn(b, t, 3 * h, generator=g).to(device, dtype)
     final = torch.randn(b, t, h, generator=g).to(device, dtype)
-    mask = torch.ones(b, t, dtype=torch.uint8, device=device)
+    mask = (torch.rand(b, t, generator=g) < a.counted).to(device, torch.uint8)
 
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
@@ -110,8 +122,20 @@ def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str,
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
     tokens = b * t * a.steps * world
+    if a.profile and rank == 0 and not getattr(a, "_profiled", False):
+        a._profiled = True
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            for _ in range(2):
+                step()
+            if cuda:
+                torch.cuda.synchronize(device)
+        key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60), flush=True)
     out = {
-        "ttt_steps": ttt, "attention": attention, "tokens_per_s": round(tokens / elapsed, 1),
+        "ttt_steps": ttt, "attention": attention, "compiled": compiled, "tokens_per_s": round(tokens / elapsed, 1),
         "tokens_per_s_per_gpu": round(tokens / elapsed / world, 1), "step_ms": round(1000 * elapsed / a.steps, 2), "loss": loss,
     }
     if cuda:
@@ -136,13 +160,16 @@ def main() -> int:
         import torch.distributed as dist
 
         dist.init_process_group("nccl" if cuda else "gloo")
-    cfg = DrafterConfig(**(TINY if a.tiny else LLAMA_8B))
-    modes = [(a.ttt, att.strip()) for att in a.attention.split(",") if att.strip()] + [(1, "sdpa")]
+    cfg = DrafterConfig(**(TINY if a.tiny else SHAPES[a.shape]))
+    # The train stage's default on CUDA is compiled (train.compile); eager is measured beside it.
+    compile_modes = [True, False] if cuda else [False]
+    modes = [(a.ttt, att.strip(), c) for c in compile_modes for att in a.attention.split(",") if att.strip()]
+    modes.append((1, "sdpa", cuda))
     results = {}
-    for ttt, att in modes:
-        name = f"ttt{ttt}_{att}" if ttt > 1 else "ttt1"
+    for ttt, att, compiled in modes:
+        name = (f"ttt{ttt}_{att}" if ttt > 1 else "ttt1") + ("" if compiled or not cuda else "_eager")
         try:
-            results[name] = measure(cfg, a, ttt, att, device, world, rank)
+            results[name] = measure(cfg, a, ttt, att, device, world, rank, compiled)
         except Exception as e:  # noqa: BLE001 (one mode failing, e.g. flex compile, must not lose the others)
             results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
         if rank == 0:
@@ -157,7 +184,10 @@ def main() -> int:
             "device": torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu",
             "world_size": world,
             "torch": torch.__version__,
+            "shape": "tiny" if a.tiny else a.shape,
             "config": cfg.to_dict(),
+            "counted_rows": a.counted,
+            "command": "python " + " ".join(["benchmarks/bench_train.py", *sys.argv[1:]]),
             "seq_len": a.seq_len, "batch": a.batch, "timed_steps": a.steps, "warmup_steps": a.warmup,
             "bf16_autocast": cuda,
             "results": results,

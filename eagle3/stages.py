@@ -61,8 +61,8 @@ VOLATILE_FIELDS = {
     "target": {"cache_dir", "served_name"},
     "generate": {"concurrency", "request_timeout_s", "max_retries", "part_size"},
     "extract": {"device", "batch_tokens"},
-    "train": {"device", "checkpoint_every", "log_every"},
-    "evaluate": {"device"},
+    "train": {"device", "checkpoint_every", "log_every", "compile"},
+    "evaluate": {"device", "workers"},
 }
 
 

@@ -10,22 +10,18 @@ materialises a [rows, vocab] tensor beyond one chunk.
 Teacher logits are given (the target's lm_head restricted to the draft vocab, applied
 to the stored final hidden state once per batch, not once per TTT step).
 
-On CUDA the per-chunk math (two log-softmaxes, the KL, the argmaxes and the logit
-gradient) runs through ``torch.compile`` so it fuses into a few kernels; if that
-cannot compile on this machine the same function runs eagerly (reported once).
+With ``compiled`` (CUDA training) the per-chunk math (two log-softmaxes, the KL, the
+argmaxes and the logit gradient) runs through ``torch.compile`` so it fuses into a few
+kernels; if that cannot compile on this machine the same function runs eagerly.
 """
 
 from __future__ import annotations
-
-import sys
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-_compiled = None
-_broken: str | None = None
-
+from eagle3.drafter.compiled import Compiled
 
 def chunk_kl(x: Tensor, weight: Tensor, teacher: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """x [R, H], weight [N, H], teacher logits [R, N] (same compute dtype) →
@@ -38,33 +34,14 @@ def chunk_kl(x: Tensor, weight: Tensor, teacher: Tensor) -> tuple[Tensor, Tensor
     return kl, hits, (logq.exp() - p).to(x.dtype)
 
 
-def _chunk_fn(device: torch.device):
-    global _compiled
-    if device.type != "cuda" or _broken is not None:
-        return chunk_kl
-    if _compiled is None:
-        _compiled = torch.compile(chunk_kl, dynamic=True)
-    return _compiled
-
-
-def _run_chunk(x: Tensor, weight: Tensor, teacher: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    global _broken
-    fn = _chunk_fn(x.device)
-    if fn is chunk_kl:
-        return chunk_kl(x, weight, teacher)
-    try:
-        return fn(x, weight, teacher)
-    except Exception as e:  # noqa: BLE001 (compile/backend failures vary by version and device)
-        _broken = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        print(f"compiled draft-head KL unavailable ({_broken}); it runs eagerly", file=sys.stderr)
-        return chunk_kl(x, weight, teacher)
+_compiled_chunk_kl = Compiled(chunk_kl, "draft-head KL", dynamic=True)
 
 
 class LinearKL(torch.autograd.Function):
     """(x [R, H], weight [N, H], teacher [R, N], chunk_rows) → (KL sum, hits); grads for x and weight."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, teacher: Tensor, chunk_rows: int) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def forward(ctx, x: Tensor, weight: Tensor, teacher: Tensor, chunk_rows: int, compiled: bool) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         cdt = teacher.dtype  # compute dtype: bf16 under CUDA autocast, else float32
         w = weight.to(cdt)
         xc_all = x.to(cdt)
@@ -76,7 +53,7 @@ class LinearKL(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             for s in range(0, x.shape[0], chunk_rows):
                 xc, tc = xc_all[s : s + chunk_rows], teacher[s : s + chunk_rows]
-                k, n, g = _run_chunk(xc, w, tc)  # g [Rc, N]
+                k, n, g = (_compiled_chunk_kl if compiled else chunk_kl)(xc, w, tc)  # g [Rc, N]
                 kl, hits = kl + k, hits + n
                 if grad_x is not None:
                     torch.mm(g, w, out=grad_x[s : s + chunk_rows])  # [Rc, H]
@@ -92,11 +69,12 @@ class LinearKL(torch.autograd.Function):
         grad_x, grad_w = ctx.saved_tensors
         gx = None if grad_x is None else (grad_x.float() * g_kl).to(ctx.x_dtype)
         gw = None if grad_w is None else (grad_w * g_kl).to(ctx.w_dtype)
-        return gx, gw, None, None
+        return gx, gw, None, None, None
 
 
-def linear_kl(x: Tensor, weight: Tensor, teacher: Tensor, chunk_rows: int = 4096) -> tuple[Tensor, Tensor]:
-    """Sum over rows of KL(softmax(teacher) || softmax(x @ weight.T)) and the top-1 hits."""
+def linear_kl(x: Tensor, weight: Tensor, teacher: Tensor, chunk_rows: int = 4096, compiled: bool = False) -> tuple[Tensor, Tensor]:
+    """Sum over rows of KL(softmax(teacher) || softmax(x @ weight.T)) and the top-1 hits;
+    ``compiled``: the per-chunk math through torch.compile (CUDA training)."""
     if x.shape[0] != teacher.shape[0] or weight.shape[0] != teacher.shape[1]:
         raise ValueError(f"linear_kl: x {tuple(x.shape)}, weight {tuple(weight.shape)}, teacher {tuple(teacher.shape)} do not match")
-    return LinearKL.apply(x, weight, teacher, chunk_rows)
+    return LinearKL.apply(x, weight, teacher, chunk_rows, compiled)

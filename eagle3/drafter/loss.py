@@ -71,7 +71,8 @@ def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor
 
 
 def step_kl(
-    drafter: Eagle3Drafter, teacher: Tensor, row_of: Tensor, hidden: Tensor, counted: Tensor, step: int, chunk_rows: int
+    drafter: Eagle3Drafter, teacher: Tensor, row_of: Tensor, hidden: Tensor, counted: Tensor, step: int, chunk_rows: int,
+    compiled: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Sum of KL, hits and count over the counted rows of TTT step ``step``.
 
@@ -86,7 +87,7 @@ def step_kl(
         return zero, torch.zeros((), dtype=torch.long, device=hidden.device), torch.zeros((), dtype=torch.long, device=hidden.device)
     x = drafter.norm(hidden.flatten(0, 1).index_select(0, idx))  # [R, H]
     t = teacher.index_select(0, row_of.index_select(0, idx + 1 + step))  # [R, N]
-    kl, hits = linear_kl(x, drafter.lm_head.weight, t, chunk_rows)
+    kl, hits = linear_kl(x, drafter.lm_head.weight, t, chunk_rows, compiled)
     return kl, hits, torch.tensor(idx.numel(), device=hidden.device)
 
 
@@ -101,6 +102,7 @@ def ttt_loss(
     decay: float = 0.8,
     chunk_rows: int = 4096,
     attention: str = "sdpa",
+    compiled: bool = False,
 ) -> TTTResult:
     """input_ids [B, T], aux_hidden [B, T, 3Ht], final_hidden [B, T, Ht], loss_mask [B, T];
     teacher_head [N, Ht] = the target lm_head rows of the draft vocab."""
@@ -112,7 +114,7 @@ def ttt_loss(
     for k in range(steps):
         tokens, positions, counted = step_inputs(input_ids, loss_mask, k)
         hidden = drafter.step_hidden(tokens, hidden, positions, cache)  # [B, T, H]
-        kl, hits, n = step_kl(drafter, teacher, row_of, hidden, counted, k, chunk_rows)
+        kl, hits, n = step_kl(drafter, teacher, row_of, hidden, counted, k, chunk_rows, compiled)
         denom = n.clamp_min(1)
         loss_k = kl / denom
         total = total + decay**k * loss_k
@@ -123,18 +125,25 @@ def ttt_loss(
 
 
 class TTTObjective(nn.Module):
-    """The drafter plus its objective as one module, so DDP/FSDP wrap a single forward."""
+    """The drafter plus its objective as one module, so DDP/FSDP wrap a single forward.
 
-    def __init__(self, drafter: Eagle3Drafter, steps: int, decay: float, chunk_rows: int = 4096, attention: str = "sdpa") -> None:
+    ``compiled``: torch.compile the drafter layer's halves and the draft-head KL (CUDA
+    training; each falls back to eager if it cannot compile here)."""
+
+    def __init__(self, drafter: Eagle3Drafter, steps: int, decay: float, chunk_rows: int = 4096, attention: str = "sdpa",
+                 compiled: bool = False) -> None:
         super().__init__()
         self.drafter = drafter
         self.steps, self.decay, self.chunk_rows, self.attention = steps, decay, chunk_rows, attention
+        self.compiled = compiled
+        if compiled:
+            drafter.midlayer.compile()
         self.teacher_head: Tensor | None = None  # [N, Ht], not a buffer: DDP must not broadcast it
 
     def forward(self, input_ids: Tensor, aux_hidden: Tensor, final_hidden: Tensor, loss_mask: Tensor) -> tuple[Tensor, ...]:
         assert self.teacher_head is not None, "set TTTObjective.teacher_head first"
         r = ttt_loss(
             self.drafter, self.teacher_head, input_ids, aux_hidden, final_hidden, loss_mask,
-            self.steps, self.decay, self.chunk_rows, self.attention,
+            self.steps, self.decay, self.chunk_rows, self.attention, self.compiled,
         )
         return r.loss, r.step_loss, r.step_acc, r.step_count

@@ -187,14 +187,22 @@ class Eagle3Attention(nn.Module):
         self.v_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | TTTCache) -> Tensor:
-        b, t, _ = x.shape  # x [B, T, 2H]
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, h, T, D]
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, kv, T, D]
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B, T, 2H] → q [B, h, T, D], k/v [B, kv, T, D] (q and k rotated)."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = cache.attend(q, k, v)  # [B, h, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def out(self, attn: Tensor) -> Tensor:
+        """[B, h, T, D] → [B, T, H]."""
+        b, _, t, _ = attn.shape
+        return self.o_proj(attn.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | TTTCache) -> Tensor:
+        q, k, v = self.qkv(x, cos, sin)
+        return self.out(cache.attend(q, k, v))
 
 
 class Eagle3MLP(nn.Module):
@@ -209,6 +217,9 @@ class Eagle3MLP(nn.Module):
 
 
 class Eagle3DecoderLayer(nn.Module):
+    """Split around attention into two pure halves (:meth:`before_attention`,
+    :meth:`after_attention`), so training can compile them while the cache stays eager."""
+
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -216,12 +227,31 @@ class Eagle3DecoderLayer(nn.Module):
         self.self_attn = Eagle3Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = Eagle3MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.head_dim, self.rope_theta = cfg.head_dim, cfg.rope_theta
+        self._before, self._after = self.before_attention, self.after_attention
 
-    def forward(self, embeds: Tensor, hidden: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | TTTCache) -> Tensor:
-        """embeds, hidden [B, T, H] → pre-norm output [B, T, H]."""
+    def before_attention(self, embeds: Tensor, hidden: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """embeds, hidden [B, T, H], position_ids [B, T] → q, k, v."""
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-        residual = hidden + self.self_attn(x, cos, sin, cache)
+        cos, sin = rope_cos_sin(position_ids, self.head_dim, self.rope_theta)
+        return self.self_attn.qkv(x, cos, sin)
+
+    def after_attention(self, hidden: Tensor, attn: Tensor) -> Tensor:
+        """hidden [B, T, H], attn [B, h, T, D] → pre-norm output [B, T, H]."""
+        residual = hidden + self.self_attn.out(attn)
         return residual + self.mlp(self.post_attention_layernorm(residual))
+
+    def forward(self, embeds: Tensor, hidden: Tensor, position_ids: Tensor, cache: KVCache | TTTCache) -> Tensor:
+        """embeds, hidden [B, T, H] → pre-norm output [B, T, H]."""
+        q, k, v = self._before(embeds, hidden, position_ids)
+        return self._after(hidden, cache.attend(q, k, v))
+
+    def compile(self, **kwargs: Any) -> None:  # type: ignore[override]
+        """Compile both halves (dynamic sequence lengths); attention and its cache stay as they are."""
+        from eagle3.drafter.compiled import Compiled
+
+        self._before = Compiled(self.before_attention, "drafter layer (before attention)", dynamic=True, **kwargs)
+        self._after = Compiled(self.after_attention, "drafter layer (after attention)", dynamic=True, **kwargs)
 
 
 class Eagle3Drafter(nn.Module):
@@ -242,8 +272,7 @@ class Eagle3Drafter(nn.Module):
     def step_hidden(self, input_ids: Tensor, hidden: Tensor, position_ids: Tensor, cache: KVCache | TTTCache) -> Tensor:
         """One drafter step without the head: → pre-norm hidden [B, T, H] (fed back next step)."""
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
-        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
-        return self.midlayer(embeds, hidden, cos, sin, cache)
+        return self.midlayer(embeds, hidden, position_ids, cache)
 
     def logits(self, hidden_out: Tensor) -> Tensor:
         """Pre-norm hidden [.., H] → draft logits [.., draft_vocab]."""

@@ -138,7 +138,8 @@ def _build(job: TrainJob, env: DistEnv) -> tuple[torch.nn.Module, TTTObjective]:
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(job.embed_weight)
     attention = job.attention or ("flex" if env.device.type == "cuda" else "sdpa")
-    objective = TTTObjective(drafter, s.ttt_steps, s.ttt_decay, attention=attention).to(env.device)
+    compiled = s.compile and env.device.type == "cuda" and not (env.distributed and s.strategy == "fsdp")
+    objective = TTTObjective(drafter, s.ttt_steps, s.ttt_decay, attention=attention, compiled=compiled).to(env.device)
     dtype = torch.bfloat16 if env.device.type == "cuda" else torch.float32
     drafter.embed_tokens.weight.data = drafter.embed_tokens.weight.data.to(dtype)  # frozen: no fp32 master needed
     objective.teacher_head = job.teacher_head.to(env.device, dtype)

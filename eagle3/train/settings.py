@@ -25,4 +25,6 @@ class TrainSettings(BaseModel):
     device: str = Field("auto", description="auto, cpu, cuda.")
     nproc_per_node: int | str = Field("auto", description="torchrun processes per node (auto = GPUs, or 1 on CPU).")
     strategy: str = Field("ddp", pattern="^(ddp|fsdp)$", description="ddp, or fsdp for large drafters.")
+    compile: bool = Field(True, description="On CUDA: torch.compile the drafter layer and the fused draft-head KL "
+                          "(each falls back to eager, with one warning, where it cannot compile). Not with fsdp.")
     eval_fraction: float = Field(0.02, ge=0, lt=1, description="Share of samples held out for validation metrics.")
