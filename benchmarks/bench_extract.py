@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, k, v)
     builders = {"llama-8b": llama_8b_config, "deepseek-small": deepseek_small_config}
     results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "targets": []}
+               "torch": torch.__version__, "command": "python " + " ".join(["benchmarks/bench_extract.py", *(argv or sys.argv[1:])]),
+               "targets": []}
     for name in args.targets.split(","):
         if name not in builders:
             print(f"unknown target {name!r}; choose from {', '.join(builders)}", file=sys.stderr)
@@ -209,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         r = bench_target(name, builders[name](args.tiny), args, device)
         print(json.dumps(r), flush=True)
         results["targets"].append(r)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")  # after each target: a cut-off run keeps what it measured
     return 0
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the lent H200 (device tool; repo root is the cwd, $OUT comes back).
-#   bash benchmarks/quality/device_call.sh quality BUDGET_S STEPS   # issue 8 steps (resumable in /tmp/e3q)
-#   bash benchmarks/quality/device_call.sh benches BUDGET_S          # issue 3: bench_train + bench_extract
+#   bash benchmarks/quality/device_call.sh benches BUDGET_S               # issue 3: bench_train (8B + quality shape) + bench_extract
+#   bash benchmarks/quality/device_call.sh quality BUDGET_S STEPS         # issue 8 steps (resumable in /tmp/e3q)
+# Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
 # Missing Python packages travel as wheels in .whl/ (carry: [".whl"]) and go to /tmp/site.
 set -o pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
@@ -11,16 +12,18 @@ if [ ! -d /tmp/site/speculators ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD
 mode=$1; budget=${2:-540}
-nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
-python3 -c "import torch, transformers, pyarrow, fsspec; print('torch', torch.__version__, 'transformers', transformers.__version__, 'pyarrow', pyarrow.__version__, 'fsspec', fsspec.__version__)"
+log="$OUT/device_log.txt"
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader | tee -a "$log"
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$log"
 left() { echo $(( budget - ($(date +%s) - t0) )); }
 if [ "$mode" = quality ]; then
   python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(left)" --steps "${3:-target,ours_bf16,spec,ours_fp8,plot}" \
-    2>&1 | tee "$OUT/quality_log_$(date +%H%M%S).txt"
+    2>&1 | tee -a "$log"
   cp /tmp/e3q/target_meta.json "$OUT/" 2>/dev/null
 elif [ "$mode" = benches ]; then
-  half=$(( $(left) / 2 ))
-  timeout "$(( half < 150 ? half : 150 ))" python3 benchmarks/bench_train.py --out "$OUT/train_h200.json" 2>&1 | tee "$OUT/bench_train_log.txt"
-  timeout "$(( $(left) - 10 ))" python3 benchmarks/bench_extract.py --out "$OUT/extract_h200.json" 2>&1 | tee "$OUT/bench_extract_log.txt"
+  timeout 170 python3 benchmarks/bench_train.py --attention flex --out "$OUT/train_h200.json" 2>&1 | tee -a "$log"
+  timeout 120 python3 benchmarks/bench_train.py --shape quality --batch 8 --counted 0.4 --attention flex --profile \
+    --out "$OUT/train_quality_h200.json" 2>&1 | tee -a "$log"
+  timeout "$(( $(left) > 30 ? $(left) - 10 : 20 ))" python3 benchmarks/bench_extract.py --out "$OUT/extract_h200.json" 2>&1 | tee -a "$log"
 fi
-echo "device_call $mode done in $(( $(date +%s) - t0 ))s"
+echo "device_call $mode done in $(( $(date +%s) - t0 ))s" | tee -a "$log"
