@@ -94,7 +94,7 @@ class Bench:
             "store": {"uri": f"file://{self.store}"},
             "target": {"model": str(self.work / "target"), "cache_dir": str(self.work / "cache")},
             "serve": {"endpoint": f"http://127.0.0.1:{PORT}/v1"},
-            "generate": {"prompts": str(self.work / "prompts_train.jsonl"), "concurrency": 512,
+            "generate": {"prompts": str(self.work / "prompts_train.jsonl"), "concurrency": 1024,
                          "max_tokens": a.max_tokens, "max_length": 2048, "part_size": 1024,
                          "request_timeout_s": 300},
             "vocab": {"draft_vocab_size": a.draft_vocab},
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-new-tokens", type=int, default=128)
     ap.add_argument("--draft-tokens", type=int, default=7)
     ap.add_argument("--eval-workers", type=int, default=8, help="evaluate: prompts decoded in parallel processes")
-    ap.add_argument("--serve-batch", type=int, default=512)
+    ap.add_argument("--serve-batch", type=int, default=1024)
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE))
     summary = Bench(a).run([s for s in a.steps.split(",") if s])
