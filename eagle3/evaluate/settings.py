@@ -18,3 +18,7 @@ class EvaluateSettings(BaseModel):
     device: str = Field("auto")
     check_greedy: int = Field(8, ge=0, description="hf engine: prompts whose speculative output is also compared "
                               "with the target's plain greedy output (verification correctness).")
+    workers: int = Field(1, ge=1, description="hf engine: processes decoding prompts in parallel on the evaluate "
+                         "device, each with its own target + drafter (memory: workers x (target + drafter)); for "
+                         "small targets on a big GPU, where one process leaves the device mostly idle. The vllm "
+                         "engine ignores it.")

@@ -2,7 +2,9 @@
 
 engine ``hf``: offline greedy speculative decoding with the HF target verifying chains of
 ``num_draft_tokens`` drafts (:mod:`eagle3.evaluate.spec_decode`); the first
-``check_greedy`` prompts are also decoded plainly and must give identical tokens.
+``check_greedy`` prompts are also decoded plainly and must give identical tokens. With
+``workers`` above 1, that many processes (:mod:`eagle3.evaluate.workers`) decode a share
+of the prompts each; the report is the same, assembled in prompt order.
 engine ``vllm``: the export served by vLLM, acceptance read from vLLM's own metrics.
 """
 
@@ -10,12 +12,16 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from safetensors import safe_open
 
 from eagle3.context import StageContext
 from eagle3.errors import StageError
+from eagle3.evaluate.settings import EvaluateSettings
 from eagle3.evaluate.prompts import held_out_prompts
 from eagle3.evaluate.report import plot_acceptance, summarize, summarize_counts
 from eagle3.export.stage import CONFIG as EXPORT_CONFIG
@@ -23,6 +29,7 @@ from eagle3.export.stage import MODEL as EXPORT_MODEL
 from eagle3.export.vllm_config import drafter_config_from_export
 from eagle3.manifest import Manifest
 from eagle3.store import ObjectStore
+from eagle3.targets.settings import TargetSettings
 
 REPORT = "report.json"
 PLOT = "acceptance.png"
@@ -43,50 +50,101 @@ def _render(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _evaluate_hf(ctx: StageContext, prompts: list[list[int]], sample_ids: list[int]) -> dict[str, Any]:
+@dataclass
+class PromptResult:
+    """One prompt's decode: its report row and the counts the report sums over prompts."""
+
+    row: dict[str, Any]  # the report's per_prompt entry
+    accept_lengths: list[int]  # per verify step: accepted drafts + 1
+    accepted_at: list[int]  # [k]: steps whose draft i was accepted
+    tokens_generated: int
+
+
+@contextmanager
+def open_hf_decoder(target_settings: TargetSettings, ev: EvaluateSettings, export_config: dict[str, Any],
+                    weights: Path) -> Iterator[Callable[[int, tuple[int, list[int]]], PromptResult]]:
+    """Load target + drafter on ``ev.device``; yield ``decode(index, (sample_id, prompt))``.
+
+    Opened once per decoding process (this one, or each worker of :mod:`eagle3.evaluate.workers`).
+    The first ``ev.check_greedy`` prompts by index are also decoded plainly and compared.
+    """
     from eagle3.drafter.adapter import load_drafter
     from eagle3.evaluate.spec_decode import SpeculativeDecoder, greedy_generate
     from eagle3.extract.capture import HiddenCapture, find_decoder_stack
     from eagle3.extract.loading import load_target, resolve_device
     from eagle3.targets.load import load_tokenizer, num_layers
 
-    ev = ctx.cfg.evaluate
-    config = ctx.upstream_json("export", EXPORT_CONFIG)
-    dcfg = drafter_config_from_export(config)
-    weights = ctx.upstream_path("export", EXPORT_MODEL)
+    dcfg = drafter_config_from_export(export_config)
     with safe_open(str(weights), framework="pt") as f:
         d2t = f.get_tensor("d2t")
-    device = resolve_device(ev.device)
-    target = load_target(ctx.cfg.target, device)
+    target = load_target(target_settings, resolve_device(ev.device))
     embed = target.get_input_embeddings().weight
     drafter = load_drafter(weights, embed, dcfg).to(device=embed.device, dtype=embed.dtype).eval()
-    eos = _eos_ids(load_tokenizer(ctx.cfg.target), target)
+    eos = _eos_ids(load_tokenizer(target_settings), target)
     stack = find_decoder_stack(target, num_layers(target.config))
-
-    lengths, accepted_at, per_prompt = [], [0] * ev.num_draft_tokens, []
-    generated = matches = checked = 0
-    t0 = time.perf_counter()
     with HiddenCapture(stack, dcfg.aux_layer_ids) as capture:
         decoder = SpeculativeDecoder(target, capture, drafter, d2t, ev.num_draft_tokens, eos)
-        for i, (sid, prompt) in enumerate(zip(sample_ids, prompts)):
+
+        def decode(index: int, item: tuple[int, list[int]]) -> PromptResult:
+            sid, prompt = item
             r = decoder.generate(prompt, ev.max_new_tokens)
-            lengths += r.accept_lengths
-            accepted_at = [a + b for a, b in zip(accepted_at, r.accepted_at)]
-            generated += len(r.tokens)
             row: dict[str, Any] = {"id": sid, "prompt_tokens": len(prompt), "tokens_generated": len(r.tokens),
                                    "verify_steps": r.steps,
                                    "mean_acceptance_length": round(sum(r.accept_lengths) / r.steps, 4) if r.steps else None}
-            if i < ev.check_greedy:
+            if index < ev.check_greedy:
                 row["matches_greedy"] = r.tokens == greedy_generate(target, prompt, ev.max_new_tokens, eos)
-                checked += 1
-                matches += row["matches_greedy"]
-            per_prompt.append(row)
-            ctx.progress(i + 1, len(prompts), "prompts", mean_acceptance_length=round(sum(lengths) / max(len(lengths), 1), 3))
-    report = summarize(ev.num_draft_tokens, lengths, accepted_at, generated)
-    report["greedy_check"] = {"prompts_checked": checked, "prompts_matching": matches, "all_match": matches == checked}
-    report["per_prompt"] = per_prompt
+            return PromptResult(row, r.accept_lengths, r.accepted_at, len(r.tokens))
+
+        yield decode
+
+
+def hf_report(k: int, results: list[PromptResult]) -> dict[str, Any]:
+    """The report of per-prompt results, in prompt order."""
+    lengths = [a for r in results for a in r.accept_lengths]
+    accepted_at = [sum(r.accepted_at[j] for r in results) for j in range(k)]
+    report = summarize(k, lengths, accepted_at, sum(r.tokens_generated for r in results))
+    checked = [r.row["matches_greedy"] for r in results if "matches_greedy" in r.row]
+    report["greedy_check"] = {"prompts_checked": len(checked), "prompts_matching": sum(checked),
+                              "all_match": sum(checked) == len(checked)}
+    report["per_prompt"] = [r.row for r in results]
+    return report
+
+
+def _check_workers_fit(ev: EvaluateSettings, target_settings: TargetSettings, workers: int) -> None:
+    from eagle3.extract.loading import needs_device_map, resolve_device
+    from eagle3.targets.load import resolve_target
+
+    device = resolve_device(ev.device)  # fail here, in one line, not in every worker
+    if workers > 1 and needs_device_map(resolve_target(target_settings), device):
+        raise StageError(f"evaluate.workers={ev.workers} needs the target on one GPU, but it must be spread "
+                         "over all GPUs; set evaluate.workers to 1")
+
+
+def _evaluate_hf(ctx: StageContext, prompts: list[list[int]], sample_ids: list[int]) -> dict[str, Any]:
+    from eagle3.evaluate.workers import decode_here, decode_in_workers
+
+    ev = ctx.cfg.evaluate
+    config = ctx.upstream_json("export", EXPORT_CONFIG)
+    args = (ctx.cfg.target, ev, config, ctx.upstream_path("export", EXPORT_MODEL))
+    items = list(zip(sample_ids, prompts))
+    workers = min(ev.workers, len(items))
+    _check_workers_fit(ev, ctx.cfg.target, workers)
+    t0 = time.perf_counter()  # loading included: each worker loads its own target + drafter
+    stream = (decode_in_workers(open_hf_decoder, args, items, workers) if workers > 1
+              else decode_here(open_hf_decoder, args, items))
+    results: list[PromptResult | None] = [None] * len(items)
+    length_sum = steps = 0
+    with closing(stream):
+        for done, (i, r) in enumerate(stream, 1):
+            results[i] = r
+            length_sum, steps = length_sum + sum(r.accept_lengths), steps + len(r.accept_lengths)
+            ctx.progress(done, len(items), "prompts", mean_acceptance_length=round(length_sum / max(steps, 1), 3))
+    missing = [i for i, r in enumerate(results) if r is None]
+    if missing:  # the worker machinery counts results, so this is a bug, said plainly
+        raise StageError(f"evaluate: no result for prompts {missing}")
+    report = hf_report(ev.num_draft_tokens, results)  # type: ignore[arg-type]
     report["decode_s"] = round(time.perf_counter() - t0, 3)
-    report["aux_layer_ids"] = dcfg.aux_layer_ids
+    report["aux_layer_ids"] = drafter_config_from_export(config).aux_layer_ids
     return report
 
 

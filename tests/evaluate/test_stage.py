@@ -1,10 +1,15 @@
 import json
+import multiprocessing
+import re
 
+import pytest
 import torch
 
 from eagle3.context import run_stage
+from eagle3.errors import StageError
 from eagle3.evaluate import stage as evaluate_stage
-from eagle3.manifest import verify_stage
+from eagle3.evaluate.workers import WorkerTraceback
+from eagle3.manifest import StageOutput, verify_stage
 from eagle3.store import open_store
 from tests.extract.pipeline import (commit_generate, commit_untrained_train, commit_vocab, pipeline_config,
                                     random_samples)
@@ -50,3 +55,67 @@ def test_fallback_to_training_prompts_is_said_in_the_report(tmp_path):
     assert held.held_out is True and len(held.prompts) == 2
     used = {0, 1, 2, 3, 4} - {p.sample_id for p in held.prompts}
     assert len(used) == 3
+
+
+RUN = {"generate.max_samples": 4, "evaluate.num_prompts": 4, "evaluate.max_new_tokens": 10,
+       "evaluate.num_draft_tokens": 3, "evaluate.check_greedy": 3}
+
+
+def exported_run(tmp_path, target_dir, **overrides):
+    """A run whose generate, extract, vocab, train (untrained drafter) and export are committed."""
+    cfg = pipeline_config(tmp_path / "store", target_dir, **{**RUN, **overrides})
+    commit_generate(cfg, random_samples(4), tmp_path)
+    run_stage(cfg, "extract")
+    commit_vocab(cfg, torch.arange(1024, 0, -1), 128, tmp_path)
+    commit_untrained_train(cfg, 128, tmp_path)
+    run_stage(cfg, "export")
+    return cfg
+
+
+def without_timing(report):
+    return {k: v for k, v in report.items() if k != "decode_s"}
+
+
+@pytest.mark.slow  # ~15 s on 2 busy cores: each spawned worker imports torch + transformers
+def test_workers_give_the_report_of_one_process(tmp_path, tiny_target_dir):
+    target_dir = tiny_target_dir("llama")
+    cfg = exported_run(tmp_path, target_dir)
+    store = open_store(cfg.store.uri)
+    run_stage(cfg, "evaluate")
+    one = json.loads(store.get_bytes("t/evaluate/report.json"))
+    two_workers = pipeline_config(tmp_path / "store", target_dir, **{**RUN, "evaluate.workers": 2})
+    assert run_stage(two_workers, "evaluate") is None  # workers changes how, not what: same input key
+    run_stage(two_workers, "evaluate", force=True)
+    two = json.loads(store.get_bytes("t/evaluate/report.json"))
+    print(f"decode_s: 1 process {one['decode_s']}, 2 workers {two['decode_s']}")
+    assert without_timing(two) == without_timing(one)
+    assert [p["id"] for p in two["per_prompt"]] == [p["id"] for p in one["per_prompt"]]
+    assert ["matches_greedy" in p for p in two["per_prompt"]] == [True, True, True, False]
+    assert two["greedy_check"] == {"prompts_checked": 3, "prompts_matching": 3, "all_match": True}
+
+
+def commit_export_with_d2t_outside_the_target_vocab(cfg, tmp_path):
+    """Re-commit export with every draft id mapped beyond the target's vocab (a corrupted drafter)."""
+    from safetensors.torch import load_file, save_file
+
+    store = open_store(cfg.store.uri)
+    config = json.loads(store.get_bytes("t/export/config.json"))
+    tensors = load_file(str(store.local_path("t/export/model.safetensors")))
+    tensors["d2t"] = tensors["d2t"] + config["vocab_size"]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    out = StageOutput(store, cfg.run_id, "export", "corrupted-export", {})
+    out.begin()
+    out.put_json("config.json", config)
+    out.put_file("model.safetensors", tmp_path / "model.safetensors")
+    out.commit({})
+
+
+def test_a_failing_worker_fails_the_stage_in_one_line(tmp_path, tiny_target_dir):
+    cfg = exported_run(tmp_path, tiny_target_dir("llama"), **{"evaluate.workers": 2})
+    commit_export_with_d2t_outside_the_target_vocab(cfg, tmp_path)
+    with pytest.raises(StageError) as e:
+        run_stage(cfg, "evaluate")
+    assert re.fullmatch(r"evaluate worker [01] failed on prompt [0-3]: IndexError: index out of range in self",
+                        str(e.value)), str(e.value)
+    assert isinstance(e.value.__cause__, WorkerTraceback) and "Traceback" in str(e.value.__cause__)
+    assert not multiprocessing.active_children()  # every worker was stopped

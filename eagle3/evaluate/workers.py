@@ -1,0 +1,123 @@
+"""Decode items in this process, or in N spawned worker processes sharing one device.
+
+A decoder is opened once per process: ``open_decoder(*args)`` is a context manager that
+yields ``decode(index, item) -> result`` (``args`` and results must pickle). Both paths
+yield ``(index, result)`` as results arrive; the caller puts them back in order.
+
+Workers take item indices from one shared task queue, so slow items (long outputs,
+greedy-checked prompts) balance themselves. ``spawn``, not ``fork``: a forked CUDA
+context is unusable. The parent never hangs on a failed worker: an exception in a worker
+comes back as one line naming the worker and the item; a worker that dies without a word
+(OOM killer, segfault) is noticed by its exit code. On failure every worker is terminated;
+on success every worker is joined.
+"""
+
+from __future__ import annotations
+
+import queue
+import traceback
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+
+from eagle3.errors import StageError
+
+OpenDecoder = Callable[..., ContextManager[Callable[[int, Any], Any]]]
+
+POLL_S = 1.0  # how often the parent looks at its workers while no result arrives
+JOIN_TIMEOUT_S = 30.0  # a worker that has sent everything but does not exit is terminated
+
+
+class WorkerTraceback(Exception):
+    """A worker's traceback as text: the cause of the one-line StageError (shown with EAGLE3_DEBUG=1)."""
+
+
+def decode_here(open_decoder: OpenDecoder, args: tuple, items: list[Any]) -> Iterator[tuple[int, Any]]:
+    """The single-process path: the decoder lives in this process, items in order."""
+    with open_decoder(*args) as decode:
+        for i, item in enumerate(items):
+            yield i, decode(i, item)
+
+
+def one_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def _worker(wid: int, open_decoder: OpenDecoder, args: tuple, items: list[Any], tasks: Any, results: Any,
+            current: Any, threads: int) -> None:
+    torch.set_num_threads(threads)
+    i = None
+    try:
+        with open_decoder(*args) as decode:
+            while (i := tasks.get()) is not None:
+                current[wid] = i
+                results.put(("done", wid, i, decode(i, items[i])))
+    except BaseException as e:  # reported, not raised: the parent decides, and says it in one line
+        results.put(("error", wid, i, one_line(e), traceback.format_exc()))
+
+
+def decode_in_workers(open_decoder: OpenDecoder, args: tuple, items: list[Any], workers: int,
+                      stage: str = "evaluate", unit: str = "prompt") -> Iterator[tuple[int, Any]]:
+    """``workers`` spawned processes, each with its own decoder, share ``items``.
+
+    Torch threads are split between them (``max(1, this process's threads // workers)``) so
+    CPU runs do not oversubscribe the cores. Raises :class:`StageError` on the first failure.
+    Close the generator (``contextlib.closing``) to stop the workers early.
+    """
+    mp = torch.multiprocessing.get_context("spawn")
+    tasks, results = mp.Queue(), mp.Queue()
+    tasks.cancel_join_thread()  # after a failure, unread tasks may be dropped: exit must not wait on them
+    for i in range(len(items)):
+        tasks.put(i)
+    for _ in range(workers):
+        tasks.put(None)  # one stop sign each
+    current = mp.Array("q", [-1] * workers, lock=False)  # the item each worker took last
+    threads = max(1, torch.get_num_threads() // workers)
+    procs = [mp.Process(target=_worker, args=(w, open_decoder, args, items, tasks, results, current, threads),
+                        name=f"{stage}-worker-{w}", daemon=True) for w in range(workers)]
+    for p in procs:
+        p.start()
+    finished = False
+    try:
+        pending, quiet_polls = len(items), 0
+        while pending:
+            try:
+                msg = results.get(timeout=POLL_S)
+            except queue.Empty:
+                quiet_polls = _check_workers(procs, current, pending, quiet_polls, stage, unit)
+                continue
+            if msg[0] == "error":
+                _, w, i, line, tb = msg
+                where = f"on {unit} {i}" if i is not None else "while loading"
+                raise StageError(f"{stage} worker {w} failed {where}: {line}") from WorkerTraceback(tb)
+            _, w, i, result = msg
+            pending -= 1
+            yield i, result
+        finished = True
+    finally:
+        _stop(procs, finished)
+
+
+def _check_workers(procs: list[Any], current: Any, pending: int, quiet_polls: int, stage: str, unit: str) -> int:
+    """Raise for a worker that died; returns the count of quiet polls since every worker exited."""
+    for w, p in enumerate(procs):
+        if p.exitcode not in (None, 0):
+            where = f"on {unit} {current[w]}" if current[w] >= 0 else "while loading"
+            raise StageError(f"{stage} worker {w} died (exit code {p.exitcode}) {where}")
+    if any(p.exitcode is None for p in procs):
+        return 0
+    if quiet_polls >= 1:  # one more poll lets the last messages of exiting workers arrive
+        raise StageError(f"{stage} workers all exited with {pending} {unit}s not decoded")
+    return quiet_polls + 1
+
+
+def _stop(procs: list[Any], finished: bool) -> None:
+    if not finished:
+        for p in procs:
+            p.terminate()
+    for p in procs:
+        p.join(JOIN_TIMEOUT_S if finished else 5.0)
+        if p.is_alive():
+            p.kill()
+            p.join()
