@@ -14,7 +14,9 @@ on success every worker is joined.
 
 from __future__ import annotations
 
+import multiprocessing
 import queue
+import signal
 import traceback
 from typing import Any, Callable, ContextManager, Iterator
 
@@ -45,16 +47,31 @@ def one_line(e: BaseException) -> str:
 
 
 def _worker(wid: int, open_decoder: OpenDecoder, args: tuple, items: list[Any], tasks: Any, results: Any,
-            current: Any, threads: int) -> None:
+            current: Any, threads: int, unit: str) -> None:
+    def stop(signum: int, frame: Any) -> None:  # terminate(): unwind, so finalizers release what this process holds
+        results.cancel_join_thread()  # the parent reads no more: exit must not wait on the pipe
+        if working:  # afterwards the process is exiting already; raising would only interrupt that
+            raise SystemExit(128 + signum)
+
+    working = True
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent handles it, stops us
     torch.set_num_threads(threads)
-    i = None
+    parent = multiprocessing.parent_process()
+    where = "while loading"
     try:
         with open_decoder(*args) as decode:
             while (i := tasks.get()) is not None:
-                current[wid] = i
+                if parent is not None and not parent.is_alive():  # orphaned: stop, and do not wait on the pipe
+                    results.cancel_join_thread()
+                    return
+                current[wid], where = i, f"on {unit} {i}"
                 results.put(("done", wid, i, decode(i, items[i])))
-    except BaseException as e:  # reported, not raised: the parent decides, and says it in one line
-        results.put(("error", wid, i, one_line(e), traceback.format_exc()))
+            where = "while closing"
+    except Exception as e:  # reported, not raised: the parent decides, and says it in one line
+        results.put(("error", wid, where, one_line(e), traceback.format_exc()))
+    finally:
+        working = False
 
 
 def decode_in_workers(open_decoder: OpenDecoder, args: tuple, items: list[Any], workers: int,
@@ -74,7 +91,7 @@ def decode_in_workers(open_decoder: OpenDecoder, args: tuple, items: list[Any], 
         tasks.put(None)  # one stop sign each
     current = mp.Array("q", [-1] * workers, lock=False)  # the item each worker took last
     threads = max(1, torch.get_num_threads() // workers)
-    procs = [mp.Process(target=_worker, args=(w, open_decoder, args, items, tasks, results, current, threads),
+    procs = [mp.Process(target=_worker, args=(w, open_decoder, args, items, tasks, results, current, threads, unit),
                         name=f"{stage}-worker-{w}", daemon=True) for w in range(workers)]
     for p in procs:
         p.start()
@@ -88,8 +105,7 @@ def decode_in_workers(open_decoder: OpenDecoder, args: tuple, items: list[Any], 
                 quiet_polls = _check_workers(procs, current, pending, quiet_polls, stage, unit)
                 continue
             if msg[0] == "error":
-                _, w, i, line, tb = msg
-                where = f"on {unit} {i}" if i is not None else "while loading"
+                _, w, where, line, tb = msg
                 raise StageError(f"{stage} worker {w} failed {where}: {line}") from WorkerTraceback(tb)
             _, w, i, result = msg
             pending -= 1
