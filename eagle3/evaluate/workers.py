@@ -10,6 +10,11 @@ context is unusable. The parent never hangs on a failed worker: an exception in 
 comes back as one line naming the worker and the item; a worker that dies without a word
 (OOM killer, segfault) is noticed by its exit code. On failure every worker is terminated;
 on success every worker is joined.
+
+Spawned workers re-import the parent's main module: a script that runs the stage in-process
+needs ``if __name__ == "__main__":`` (``eagle3 stage`` and ``python -m eagle3`` are safe).
+Each worker pays its own start (import torch + transformers, CUDA init: ~13 s on an H200
+host, in parallel), so workers pay off when decoding takes minutes, not seconds.
 """
 
 from __future__ import annotations
