@@ -1,6 +1,7 @@
 """Batches of hidden-state samples, streamed shard by shard.
 
-Memory stays bounded by one shard per process: each epoch shuffles the shard order
+Memory stays bounded by two shards per process (the one being cut into batches and the
+next, read ahead on a thread): each epoch shuffles the shard order
 (seeded), deals shards to ranks round-robin, and each rank cuts its current shard into
 length-bucketed batches (samples of similar length together, at most ``batch_tokens``
 padded tokens per batch), in a seeded random order. Everything depends only on
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -146,16 +148,23 @@ class DataPlan:
         self, open_shard: Callable[[str], HiddenShard], epoch: int, dtype: torch.dtype, skip: int = 0, train: bool = True,
         pad_to: int = 1, pin: bool = False,
     ) -> Iterator[Batch]:
-        """This rank's batches of one epoch, skipping the first ``skip`` (resume)."""
+        """This rank's batches of one epoch, skipping the first ``skip`` (resume).
+
+        The next shard is read on a thread while this one is cut into batches, so a
+        shard boundary does not stall training (host memory: two shards)."""
+        order = self.rank_shards(epoch)
         seen = 0
-        for idx in self.rank_shards(epoch):
-            shard = open_shard(self.shards[idx].name)
-            plans = self.shard_batches(shard, idx, epoch, train)
-            if seen + len(plans) <= skip:
-                seen += len(plans)
-                continue
-            for b in plans:
-                if seen >= skip:
-                    yield collate(shard, b, min(self.max_seq_len, self.batch_tokens), dtype, pad_to, pin)
-                seen += 1
-            del shard
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-read") as pool:
+            upcoming = pool.submit(open_shard, self.shards[order[0]].name) if order else None
+            for j, idx in enumerate(order):
+                shard = upcoming.result()
+                upcoming = pool.submit(open_shard, self.shards[order[j + 1]].name) if j + 1 < len(order) else None
+                plans = self.shard_batches(shard, idx, epoch, train)
+                if seen + len(plans) <= skip:
+                    seen += len(plans)
+                    continue
+                for b in plans:
+                    if seen >= skip:
+                        yield collate(shard, b, min(self.max_seq_len, self.batch_tokens), dtype, pad_to, pin)
+                    seen += 1
+                del shard

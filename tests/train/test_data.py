@@ -1,4 +1,5 @@
 import random
+import time
 
 import torch
 
@@ -41,6 +42,25 @@ def test_ranks_split_shards_and_resume_skip_replays_the_tail():
     assert len(tail) == len(full) - 3 and all(torch.equal(a, b) for a, b in zip(full[3:], tail))
     ev = [b for b in plans[0].iterate(shards.__getitem__, 0, torch.float32, train=False)]
     assert ev and all(t.shape[1] <= 16 for t in full + [b.input_ids for b in ev])  # max_seq_len cuts
+
+
+def test_next_shard_is_read_while_this_one_is_batched():
+    shards = {f"s{i}": fake_shard([8] * 6, first_id=10 * i) for i in range(3)}
+    refs = [ShardRef(n, 6, 48) for n in shards]
+    opened = []
+
+    def open_shard(name: str) -> HiddenShard:
+        opened.append(name)
+        return shards[name]
+
+    it = DataPlan(refs, 16, 16, 0.0, 0).iterate(open_shard, 0, torch.float32)
+    next(it)  # the first batch of the first shard
+    for _ in range(100):  # the read-ahead runs on a thread: give it a moment
+        if len(opened) == 2:
+            break
+        time.sleep(0.01)
+    assert len(opened) == 2  # the second shard is on its way, the third is not
+    assert len(list(it)) == 3 * 3 - 1 and len(opened) == 3
 
 
 def test_collate_pads_right_and_cuts():
