@@ -20,6 +20,8 @@ loss = sum_k decay**k · loss_k. Accuracy of step k: argmax q == argmax p.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -139,6 +141,19 @@ class TTTObjective(nn.Module):
         if compiled:
             drafter.midlayer.compile()
         self.teacher_head: Tensor | None = None  # [N, Ht], not a buffer: DDP must not broadcast it
+
+    @contextmanager
+    def eager(self) -> Iterator[None]:
+        """Uncompiled, SDPA attention inside: for a few held-out batches, compiling no-grad
+        variants of every graph would cost more than it saves."""
+        layer = self.drafter.midlayer
+        saved = self.compiled, self.attention, layer._before, layer._after
+        self.compiled, self.attention = False, "sdpa"
+        layer._before, layer._after = layer.before_attention, layer.after_attention
+        try:
+            yield
+        finally:
+            self.compiled, self.attention, layer._before, layer._after = saved
 
     def forward(self, input_ids: Tensor, aux_hidden: Tensor, final_hidden: Tensor, loss_mask: Tensor) -> tuple[Tensor, ...]:
         assert self.teacher_head is not None, "set TTTObjective.teacher_head first"

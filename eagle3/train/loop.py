@@ -172,13 +172,14 @@ def _gather_rng(env: DistEnv) -> list[dict[str, Any]]:
     return out
 
 
-def _eval(wrapped: torch.nn.Module, job: TrainJob, env: DistEnv, dtype: torch.dtype, pad_to: int) -> dict[str, float]:
-    """Loss/accuracy per TTT step on the held-out samples (summed over ranks)."""
+def _eval(wrapped: torch.nn.Module, objective: TTTObjective, job: TrainJob, env: DistEnv, dtype: torch.dtype,
+          pad_to: int) -> dict[str, float]:
+    """Loss/accuracy per TTT step on the held-out samples (summed over ranks), uncompiled."""
     steps = job.settings.ttt_steps
     sums = torch.zeros(3, steps, dtype=torch.float64, device=env.device)  # loss·n, hits, n
     it = job.plan.iterate(job.open_shard, 0, dtype, train=False, pad_to=pad_to)
     wrapped.eval()
-    with torch.no_grad():
+    with torch.no_grad(), objective.eager():
         for _ in range(EVAL_MAX_BATCHES):
             batch = next(it, None)
             done = _reduce(torch.tensor([float(batch is None)], device=env.device), env, dist.ReduceOp.MAX if env.distributed else None)
@@ -313,7 +314,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
     if step > last_ckpt:
         save(step)
     elapsed = time.perf_counter() - t_start
-    eval_metrics = _eval(wrapped, job, env, dtype, pad_to) if job.plan.eval_fraction > 0 else {}
+    eval_metrics = _eval(wrapped, objective, job, env, dtype, pad_to) if job.plan.eval_fraction > 0 else {}
     final_sd = _full_model_state(wrapped)
     stats: dict[str, Any] = {
         "steps": step,

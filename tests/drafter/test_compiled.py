@@ -34,3 +34,16 @@ def test_compiled_layer_halves_give_the_same_loss_and_gradients():
         results.append((r.loss.detach(), m.midlayer.self_attn.q_proj.weight.grad.clone()))
     torch.testing.assert_close(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1])
+
+
+def test_eager_context_runs_uncompiled_and_restores():
+    from eagle3.drafter.loss import TTTObjective
+
+    m = tiny_drafter()
+    objective = TTTObjective(m, 2, 0.8, attention="flex", compiled=True)
+    compiled_halves = m.midlayer._before, m.midlayer._after
+    with objective.eager():
+        assert (objective.compiled, objective.attention) == (False, "sdpa")
+        assert m.midlayer._before == m.midlayer.before_attention and m.midlayer._after == m.midlayer.after_attention
+    assert (objective.compiled, objective.attention) == (True, "flex")
+    assert (m.midlayer._before, m.midlayer._after) == compiled_halves
