@@ -62,7 +62,7 @@ VOLATILE_FIELDS = {
     "generate": {"concurrency", "request_timeout_s", "max_retries", "part_size"},
     "extract": {"device", "batch_tokens"},
     "train": {"device", "checkpoint_every", "log_every", "compile"},
-    "evaluate": {"device", "workers"},
+    "evaluate": {"device", "workers", "batch_size"},
 }
 
 

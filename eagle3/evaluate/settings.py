@@ -22,3 +22,6 @@ class EvaluateSettings(BaseModel):
                          "device, each with its own target + drafter (memory: workers x (target + drafter)); for "
                          "small targets on a big GPU, where one process leaves the device mostly idle. The vllm "
                          "engine ignores it.")
+    batch_size: int = Field(1, ge=1, description="hf engine: prompts each process decodes together in lockstep (one "
+                            "target forward and k drafter steps per round for the whole batch; same report as 1). "
+                            "Combines with workers: each worker decodes its share in batches of this size.")

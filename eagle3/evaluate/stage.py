@@ -4,13 +4,16 @@ engine ``hf``: offline greedy speculative decoding with the HF target verifying 
 ``num_draft_tokens`` drafts (:mod:`eagle3.evaluate.spec_decode`); the first
 ``check_greedy`` prompts are also decoded plainly and must give identical tokens. With
 ``workers`` above 1, that many processes (:mod:`eagle3.evaluate.workers`) decode a share
-of the prompts each; the report is the same, assembled in prompt order.
+of the prompts each; with ``batch_size`` above 1, each process decodes its prompts
+``batch_size`` at a time in lockstep (:mod:`eagle3.evaluate.batched`). The report is the
+same either way, assembled in prompt order.
 engine ``vllm``: the export served by vLLM, acceptance read from vLLM's own metrics.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -62,14 +65,17 @@ class PromptResult:
 
 @contextmanager
 def open_hf_decoder(target_settings: TargetSettings, ev: EvaluateSettings, export_config: dict[str, Any],
-                    weights: Path) -> Iterator[Callable[[int, tuple[int, list[int]]], PromptResult]]:
-    """Load target + drafter on ``ev.device``; yield ``decode(index, (sample_id, prompt))``.
+                    weights: Path) -> Iterator[Callable[[list[int], list[tuple[int, list[int]]]], list[PromptResult]]]:
+    """Load target + drafter on ``ev.device``; yield ``decode(indices, [(sample_id, prompt), ...])``.
 
     Opened once per decoding process (this one, or each worker of :mod:`eagle3.evaluate.workers`).
+    A batch of more than one prompt is decoded in lockstep by the batched decoder (exactly what
+    one at a time gives; a target it cannot mask is decoded one at a time, said once on stderr).
     The first ``ev.check_greedy`` prompts by index are also decoded plainly and compared.
     """
     from eagle3.drafter.adapter import load_drafter
-    from eagle3.evaluate.spec_decode import SpeculativeDecoder, greedy_generate
+    from eagle3.evaluate.batched import BatchedSpeculativeDecoder
+    from eagle3.evaluate.spec_decode import DecodeResult, SpeculativeDecoder, greedy_generate
     from eagle3.extract.capture import HiddenCapture, find_decoder_stack
     from eagle3.extract.loading import load_target, resolve_device
     from eagle3.targets.load import load_tokenizer, num_layers
@@ -84,16 +90,25 @@ def open_hf_decoder(target_settings: TargetSettings, ev: EvaluateSettings, expor
     stack = find_decoder_stack(target, num_layers(target.config))
     with HiddenCapture(stack, dcfg.aux_layer_ids) as capture:
         decoder = SpeculativeDecoder(target, capture, drafter, d2t, ev.num_draft_tokens, eos)
+        batched = (BatchedSpeculativeDecoder(target, capture, drafter, d2t, ev.num_draft_tokens, eos)
+                   if ev.batch_size > 1 else None)
+        if batched is not None and batched.fallback_reason:
+            print(f"evaluate: batch_size={ev.batch_size}, but prompts are decoded one at a time: "
+                  f"{batched.fallback_reason}", file=sys.stderr, flush=True)
 
-        def decode(index: int, item: tuple[int, list[int]]) -> PromptResult:
-            sid, prompt = item
-            r = decoder.generate(prompt, ev.max_new_tokens)
+        def result(index: int, sid: int, prompt: list[int], r: DecodeResult) -> PromptResult:
             row: dict[str, Any] = {"id": sid, "prompt_tokens": len(prompt), "tokens_generated": len(r.tokens),
                                    "verify_steps": r.steps,
                                    "mean_acceptance_length": round(sum(r.accept_lengths) / r.steps, 4) if r.steps else None}
             if index < ev.check_greedy:
                 row["matches_greedy"] = r.tokens == greedy_generate(target, prompt, ev.max_new_tokens, eos)
             return PromptResult(row, r.accept_lengths, r.accepted_at, len(r.tokens))
+
+        def decode(indices: list[int], items: list[tuple[int, list[int]]]) -> list[PromptResult]:
+            prompts = [prompt for _, prompt in items]
+            decoded = ([decoder.generate(prompts[0], ev.max_new_tokens)] if batched is None or len(items) == 1
+                       else batched.generate_batch(prompts, ev.max_new_tokens))
+            return [result(i, sid, prompt, r) for i, (sid, prompt), r in zip(indices, items, decoded)]
 
         yield decode
 
@@ -121,17 +136,17 @@ def _check_workers_fit(ev: EvaluateSettings, target_settings: TargetSettings, wo
 
 
 def _evaluate_hf(ctx: StageContext, prompts: list[list[int]], sample_ids: list[int]) -> dict[str, Any]:
-    from eagle3.evaluate.workers import decode_here, decode_in_workers
+    from eagle3.evaluate.workers import batches, decode_here, decode_in_workers
 
     ev = ctx.cfg.evaluate
     config = ctx.upstream_json("export", EXPORT_CONFIG)
     args = (ctx.cfg.target, ev, config, ctx.upstream_path("export", EXPORT_MODEL))
     items = list(zip(sample_ids, prompts))
-    workers = min(ev.workers, len(items))
+    workers = min(ev.workers, len(batches(len(items), ev.batch_size)))
     _check_workers_fit(ev, ctx.cfg.target, workers)
     t0 = time.perf_counter()  # loading included: each worker loads its own target + drafter
-    stream = (decode_in_workers(open_hf_decoder, args, items, workers) if workers > 1
-              else decode_here(open_hf_decoder, args, items))
+    stream = (decode_in_workers(open_hf_decoder, args, items, workers, batch_size=ev.batch_size) if workers > 1
+              else decode_here(open_hf_decoder, args, items, ev.batch_size))
     results: list[PromptResult | None] = [None] * len(items)
     length_sum = steps = 0
     with closing(stream):

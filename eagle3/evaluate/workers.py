@@ -1,10 +1,11 @@
 """Decode items in this process, or in N spawned worker processes sharing one device.
 
 A decoder is opened once per process: ``open_decoder(*args)`` is a context manager that
-yields ``decode(index, item) -> result`` (``args`` and results must pickle). Both paths
-yield ``(index, result)`` as results arrive; the caller puts them back in order.
+yields ``decode(indices, items) -> results`` for a batch of consecutive items (at most
+``batch_size``; ``args`` and results must pickle). Both paths yield ``(index, result)``
+per item as batches finish; the caller puts them back in order.
 
-Workers take item indices from one shared task queue, so slow items (long outputs,
+Workers take batches from one shared task queue, so slow batches (long outputs,
 greedy-checked prompts) balance themselves. ``spawn``, not ``fork``: a forked CUDA
 context is unusable. The parent never hangs on a failed worker: an exception in a worker
 comes back as one line naming the worker and the item; a worker that dies without a word
@@ -29,7 +30,8 @@ import torch
 
 from eagle3.errors import StageError
 
-OpenDecoder = Callable[..., ContextManager[Callable[[int, Any], Any]]]
+Decode = Callable[[list[int], list[Any]], list[Any]]  # (indices, items) of one batch -> results
+OpenDecoder = Callable[..., ContextManager[Decode]]
 
 POLL_S = 1.0  # how often the parent looks at its workers while no result arrives
 JOIN_TIMEOUT_S = 30.0  # a worker that has sent everything but does not exit is terminated
@@ -39,11 +41,28 @@ class WorkerTraceback(Exception):
     """A worker's traceback as text: the cause of the one-line StageError (shown with EAGLE3_DEBUG=1)."""
 
 
-def decode_here(open_decoder: OpenDecoder, args: tuple, items: list[Any]) -> Iterator[tuple[int, Any]]:
-    """The single-process path: the decoder lives in this process, items in order."""
+def batches(n: int, batch_size: int) -> list[range]:
+    """Item indices 0..n-1 in consecutive batches of at most ``batch_size``."""
+    return [range(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+
+
+def _decode(decode: Decode, batch: range, items: list[Any]) -> list[Any]:
+    results = decode(list(batch), [items[i] for i in batch])
+    if len(results) != len(batch):  # a decoder bug, said plainly rather than a prompt silently missing
+        raise StageError(f"decoder returned {len(results)} results for {len(batch)} items")
+    return results
+
+
+def decode_here(open_decoder: OpenDecoder, args: tuple, items: list[Any],
+                batch_size: int = 1) -> Iterator[tuple[int, Any]]:
+    """The single-process path: the decoder lives in this process, batches in order."""
     with open_decoder(*args) as decode:
-        for i, item in enumerate(items):
-            yield i, decode(i, item)
+        for batch in batches(len(items), batch_size):
+            yield from zip(batch, _decode(decode, batch, items))
+
+
+def _where(batch: range, unit: str) -> str:
+    return f"on {unit} {batch[0]}" if len(batch) == 1 else f"on {unit}s {batch[0]}-{batch[-1]}"
 
 
 def one_line(e: BaseException) -> str:
@@ -52,7 +71,7 @@ def one_line(e: BaseException) -> str:
 
 
 def _worker(wid: int, open_decoder: OpenDecoder, args: tuple, items: list[Any], tasks: Any, results: Any,
-            current: Any, threads: int, unit: str) -> None:
+            current: Any, threads: int, unit: str, batch_size: int) -> None:
     def stop(signum: int, frame: Any) -> None:  # terminate(): unwind, so finalizers release what this process holds
         results.cancel_join_thread()  # the parent reads no more: exit must not wait on the pipe
         if working:  # afterwards the process is exiting already; raising would only interrupt that
@@ -63,15 +82,16 @@ def _worker(wid: int, open_decoder: OpenDecoder, args: tuple, items: list[Any], 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent handles it, stops us
     torch.set_num_threads(threads)
     parent = multiprocessing.parent_process()
-    where = "while loading"
+    where, todo = "while loading", batches(len(items), batch_size)
     try:
         with open_decoder(*args) as decode:
             while (i := tasks.get()) is not None:
                 if parent is not None and not parent.is_alive():  # orphaned: stop, and do not wait on the pipe
                     results.cancel_join_thread()
                     return
-                current[wid], where = i, f"on {unit} {i}"
-                results.put(("done", wid, i, decode(i, items[i])))
+                batch = todo[i]
+                current[wid], where = i, _where(batch, unit)
+                results.put(("done", wid, list(batch), _decode(decode, batch, items)))
             where = "while closing"
     except Exception as e:  # reported, not raised: the parent decides, and says it in one line
         results.put(("error", wid, where, one_line(e), traceback.format_exc()))
@@ -80,8 +100,8 @@ def _worker(wid: int, open_decoder: OpenDecoder, args: tuple, items: list[Any], 
 
 
 def decode_in_workers(open_decoder: OpenDecoder, args: tuple, items: list[Any], workers: int,
-                      stage: str = "evaluate", unit: str = "prompt") -> Iterator[tuple[int, Any]]:
-    """``workers`` spawned processes, each with its own decoder, share ``items``.
+                      stage: str = "evaluate", unit: str = "prompt", batch_size: int = 1) -> Iterator[tuple[int, Any]]:
+    """``workers`` spawned processes, each with its own decoder, share ``items`` in batches.
 
     Torch threads are split between them (``max(1, this process's threads // workers)``) so
     CPU runs do not oversubscribe the cores. Raises :class:`StageError` on the first failure.
@@ -90,13 +110,15 @@ def decode_in_workers(open_decoder: OpenDecoder, args: tuple, items: list[Any], 
     mp = torch.multiprocessing.get_context("spawn")
     tasks, results = mp.Queue(), mp.Queue()
     tasks.cancel_join_thread()  # after a failure, unread tasks may be dropped: exit must not wait on them
-    for i in range(len(items)):
-        tasks.put(i)
+    todo = batches(len(items), batch_size)
+    for b in range(len(todo)):
+        tasks.put(b)
     for _ in range(workers):
         tasks.put(None)  # one stop sign each
-    current = mp.Array("q", [-1] * workers, lock=False)  # the item each worker took last
+    current = mp.Array("q", [-1] * workers, lock=False)  # the batch each worker took last
     threads = max(1, torch.get_num_threads() // workers)
-    procs = [mp.Process(target=_worker, args=(w, open_decoder, args, items, tasks, results, current, threads, unit),
+    procs = [mp.Process(target=_worker, args=(w, open_decoder, args, items, tasks, results, current, threads, unit,
+                                                         batch_size),
                         name=f"{stage}-worker-{w}", daemon=True) for w in range(workers)]
     for p in procs:
         p.start()
@@ -107,24 +129,25 @@ def decode_in_workers(open_decoder: OpenDecoder, args: tuple, items: list[Any], 
             try:
                 msg = results.get(timeout=POLL_S)
             except queue.Empty:
-                quiet_polls = _check_workers(procs, current, pending, quiet_polls, stage, unit)
+                quiet_polls = _check_workers(procs, current, todo, pending, quiet_polls, stage, unit)
                 continue
             if msg[0] == "error":
                 _, w, where, line, tb = msg
                 raise StageError(f"{stage} worker {w} failed {where}: {line}") from WorkerTraceback(tb)
-            _, w, i, result = msg
-            pending -= 1
-            yield i, result
+            _, w, indices, batch_results = msg
+            pending -= len(indices)
+            yield from zip(indices, batch_results)
         finished = True
     finally:
         _stop(procs, finished)
 
 
-def _check_workers(procs: list[Any], current: Any, pending: int, quiet_polls: int, stage: str, unit: str) -> int:
+def _check_workers(procs: list[Any], current: Any, todo: list[range], pending: int, quiet_polls: int, stage: str,
+                   unit: str) -> int:
     """Raise for a worker that died; returns the count of quiet polls since every worker exited."""
     for w, p in enumerate(procs):
         if p.exitcode not in (None, 0):
-            where = f"on {unit} {current[w]}" if current[w] >= 0 else "while loading"
+            where = _where(todo[current[w]], unit) if current[w] >= 0 else "while loading"
             raise StageError(f"{stage} worker {w} died (exit code {p.exitcode}) {where}")
     if any(p.exitcode is None for p in procs):
         return 0

@@ -119,3 +119,20 @@ def test_a_failing_worker_fails_the_stage_in_one_line(tmp_path, tiny_target_dir)
                         str(e.value)), str(e.value)
     assert isinstance(e.value.__cause__, WorkerTraceback) and "Traceback" in str(e.value.__cause__)
     assert not multiprocessing.active_children()  # every worker was stopped
+
+
+def test_batches_give_the_report_of_one_at_a_time(tmp_path, tiny_target_dir):
+    target_dir = tiny_target_dir("llama")
+    cfg = exported_run(tmp_path, target_dir, **{"generate.max_samples": 3, "evaluate.num_prompts": 5})
+    store = open_store(cfg.store.uri)
+    run_stage(cfg, "evaluate")
+    one = json.loads(store.get_bytes("t/evaluate/report.json"))
+    batched = pipeline_config(tmp_path / "store", target_dir, **{**RUN, "generate.max_samples": 3,
+                                                                  "evaluate.num_prompts": 5, "evaluate.batch_size": 4})
+    assert run_stage(batched, "evaluate") is None  # batch_size changes how, not what: same input key
+    run_stage(batched, "evaluate", force=True)
+    four = json.loads(store.get_bytes("t/evaluate/report.json"))
+    print(f"decode_s: one at a time {one['decode_s']}, batches of 4 {four['decode_s']}")
+    assert one["num_prompts"] == 5  # a batch of 4 and a batch of 1
+    assert without_timing(four) == without_timing(one)
+    assert four["greedy_check"] == {"prompts_checked": 3, "prompts_matching": 3, "all_match": True}
