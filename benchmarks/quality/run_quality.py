@@ -106,7 +106,7 @@ class Bench:
                       "checkpoint_every": 100000, "log_every": 5, "eval_fraction": 0.02, "weight_decay": 0.0},
             "evaluate": {"prompts": str(self.work / "prompts_heldout.jsonl"), "num_prompts": a.eval_prompts,
                          "num_draft_tokens": a.draft_tokens, "max_new_tokens": a.eval_new_tokens,
-                         "workers": a.eval_workers},
+                         "workers": a.eval_workers, "batch_size": a.eval_batch},
         }
         path = self.work / f"{run}.yaml"
         import yaml
@@ -347,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-prompts", type=int, default=48)
     ap.add_argument("--eval-new-tokens", type=int, default=128)
     ap.add_argument("--draft-tokens", type=int, default=7)
-    ap.add_argument("--eval-workers", type=int, default=8, help="evaluate: prompts decoded in parallel processes")
+    ap.add_argument("--eval-workers", type=int, default=1, help="evaluate: processes decoding prompts in parallel")
+    ap.add_argument("--eval-batch", type=int, default=16, help="evaluate: prompts decoded in lockstep per process")
     ap.add_argument("--serve-batch", type=int, default=1024)
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE))
