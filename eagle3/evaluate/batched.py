@@ -20,7 +20,7 @@ so padding slots shift nothing. Invariants per row, as in the sequential decoder
 
 Rows that finish leave the batch (caches and state are index-selected), and trailing
 columns invalid in every row are cut. Targets whose attention cannot take a custom 4D
-mask (flash attention, sliding windows, hybrid caches) are decoded one prompt at a time,
+mask (flash attention, sliding windows, mixed layer types) are decoded one prompt at a time,
 with the reason in :attr:`BatchedSpeculativeDecoder.fallback_reason`.
 """
 
@@ -56,10 +56,6 @@ def batching_unsupported(target: Any) -> str | None:
     missing = [p for p in ("attention_mask", "position_ids") if p not in params]
     if missing:
         return f"{type(target).__name__}.forward takes no {', '.join(missing)}"
-    layers = getattr(new_cache(target), "layers", None)
-    if layers is not None and any(type(layer).__name__ != "DynamicLayer" for layer in layers):
-        kinds = sorted({type(layer).__name__ for layer in layers})
-        return f"cache layers {kinds}: only plain DynamicLayer caches append every slot"
     return None
 
 

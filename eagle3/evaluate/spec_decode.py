@@ -45,12 +45,12 @@ def _cache_kwarg(model: Any) -> str:
 
 
 def new_cache(model: Any) -> Any:
+    """A plain DynamicCache: every layer keeps every position, so rejected drafts can be
+    cropped away. (``DynamicCache(config=...)`` gives sliding-window layers that refuse to
+    crop once the window is full; the model's own masks apply the window either way.)"""
     from transformers import DynamicCache
 
-    try:
-        return DynamicCache(config=model.config)
-    except TypeError:
-        return DynamicCache()
+    return DynamicCache()
 
 
 def _crop_target(cache: Any, keep: int) -> None:

@@ -107,12 +107,12 @@ def test_eager_attention_takes_the_mask_too(tiny_target_dir):
     assert max(a for r in expected for a in r.accept_lengths) > 1
 
 
-def test_a_sliding_window_target_falls_back_to_one_at_a_time():
-    # The window outlasts the decode: past it, transformers' sliding-window cache cannot be cropped
-    # back, which the one-at-a-time decoder needs after rejected drafts.
+def test_a_sliding_window_target_falls_back_to_one_at_a_time_and_decodes_past_the_window():
+    # A window far shorter than prompt + output: rejected drafts are cropped after the window
+    # filled, and the output must still be the target's plain greedy one (no-cache reference).
     torch.manual_seed(0)
     config = MistralConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                           num_attention_heads=4, num_key_value_heads=2, sliding_window=64, attn_implementation="sdpa")
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=6, attn_implementation="sdpa")
     target = MistralForCausalLM(config).eval()
     aux_ids = default_aux_layer_ids(4)
     drafter = Eagle3Drafter(DrafterConfig.from_target(config, DrafterSettings(), 256, aux_ids)).eval()
@@ -120,9 +120,16 @@ def test_a_sliding_window_target_falls_back_to_one_at_a_time():
     prompts = [[t % 256 for t in prompt(s, 5 + s)] for s in range(3)]
     with capture(target) as cap:
         batched = BatchedSpeculativeDecoder(target, cap, drafter, d2t, 2, set())
-        assert "sliding window 64" in batched.fallback_reason
+        assert "sliding window 6" in batched.fallback_reason
         one = SpeculativeDecoder(target, cap, drafter, d2t, 2, set())
-        assert batched.generate_batch(prompts, 12) == [one.generate(p, 12) for p in prompts]
+        expected = [one.generate(p, 12) for p in prompts]
+        assert batched.generate_batch(prompts, 12) == expected
+        with torch.no_grad():
+            for p, r in zip(prompts, expected):
+                ids = list(p)
+                for _ in range(12):
+                    ids.append(int(target(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+                assert r.tokens == ids[len(p):]
 
 
 def test_slots_mask_sees_valid_earlier_positions_and_itself():
