@@ -1,0 +1,139 @@
+"""The CUDA-only paths, for a GPU machine (skipped elsewhere): compiled training against eager,
+batched decoding against one-at-a-time, and the train stage end to end with compilation on.
+
+On the lent H200 (wheels as docs/benchmarks.md says): ``bash benchmarks/quality/device_call.sh cuda-tests``.
+On CPU the same bodies pass with the device swapped (inductor compiles for CPU too).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from eagle3.drafter.linear_kl import _compiled_chunk_kl, chunk_kl, linear_kl
+from eagle3.drafter.loss import TTTObjective
+from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (tests/cuda runs on the GPU machine)")]
+
+CUDA = torch.device("cuda")
+SHAPE = dict(hidden_size=256, target_hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=64, vocab_size=2000, draft_vocab_size=512, aux_layer_ids=[1, 2, 3])
+
+
+def batch(b: int = 2, t: int = 384, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, SHAPE["vocab_size"], (b, t), generator=g)
+    aux = torch.randn(b, t, 3 * SHAPE["target_hidden_size"], generator=g)
+    final = torch.randn(b, t, SHAPE["target_hidden_size"], generator=g)
+    mask = (torch.rand(b, t, generator=g) < 0.5).to(torch.uint8)
+    return [x.to(CUDA) for x in (ids, aux.bfloat16(), final.bfloat16(), mask)]
+
+
+def objective(compiled: bool, attention: str = "flex") -> TTTObjective:
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(DrafterConfig(**SHAPE))
+    obj = TTTObjective(drafter, 4, 0.8, chunk_rows=256, attention=attention, compiled=compiled).to(CUDA)
+    drafter.embed_tokens.weight.data = drafter.embed_tokens.weight.data.bfloat16()
+    obj.teacher_head = (torch.randn(SHAPE["draft_vocab_size"], SHAPE["target_hidden_size"], generator=torch.Generator().manual_seed(1))
+                        * 0.05).to(CUDA, torch.bfloat16)
+    return obj
+
+
+def loss_and_grads(obj: TTTObjective, data) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss, *_ = obj(*data)
+    loss.backward()
+    return loss.detach().float(), {n: p.grad.float() for n, p in obj.named_parameters() if p.grad is not None}
+
+
+def test_compiled_objective_matches_eager_and_sdpa(capfd):
+    data = batch()
+    ref_loss, ref_grads = loss_and_grads(objective(False, "sdpa"), data)
+    for compiled, attention in ((False, "flex"), (True, "flex")):
+        loss, grads = loss_and_grads(objective(compiled, attention), data)
+        torch.testing.assert_close(loss, ref_loss, rtol=2e-2, atol=2e-2)
+        assert grads.keys() == ref_grads.keys()
+        for name, g in grads.items():
+            cos = torch.nn.functional.cosine_similarity(g.flatten(), ref_grads[name].flatten(), dim=0)
+            assert cos > 0.99, (compiled, attention, name, float(cos))
+    assert "unavailable" not in capfd.readouterr().err  # nothing fell back to eager or SDPA
+
+
+def test_compiled_kl_chunk_matches_eager_for_changing_row_counts():
+    w = torch.randn(512, 256, device=CUDA, dtype=torch.bfloat16)
+    for rows in (300, 17, 1024):  # dynamic row count: one compiled graph serves them all
+        x = torch.randn(rows, 256, device=CUDA, dtype=torch.bfloat16)
+        t = torch.randn(rows, 512, device=CUDA, dtype=torch.bfloat16) * 3
+        kl, hits, g = _compiled_chunk_kl(x, w, t)
+        kl_e, hits_e, g_e = chunk_kl(x, w, t)
+        torch.testing.assert_close(kl, kl_e, rtol=1e-3, atol=1e-2)
+        assert abs(int(hits) - int(hits_e)) <= max(1, rows // 100)
+        torch.testing.assert_close(g.float(), g_e.float(), rtol=2e-2, atol=2e-3)
+    assert _compiled_chunk_kl.broken is None
+
+
+def test_linear_kl_gradients_on_cuda_match_autograd():
+    x = torch.randn(600, 256, device=CUDA, requires_grad=True)
+    w = torch.randn(512, 256, device=CUDA, requires_grad=True)
+    t = torch.randn(600, 512, device=CUDA)
+    kl, _ = linear_kl(x, w, t, chunk_rows=256, compiled=True)
+    kl.backward()
+    xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    logq = torch.log_softmax(xr @ wr.T, -1)
+    logp = torch.log_softmax(t, -1)
+    (logp.exp() * (logp - logq)).sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(w.grad, wr.grad, rtol=1e-3, atol=1e-3)
+
+
+def test_batched_decoding_equals_one_at_a_time_on_cuda(tiny_target_dir):
+    from tests.evaluate.test_batched import capture, drafter_trained_on_greedy, prompt
+
+    from eagle3.evaluate.batched import BatchedSpeculativeDecoder
+    from eagle3.evaluate.spec_decode import SpeculativeDecoder
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir("llama"), dtype=torch.float32).eval()
+    seen = [prompt(s, 4 + 5 * s) for s in range(5)]
+    drafter, d2t = drafter_trained_on_greedy(target, seen)
+    target, drafter = target.to(CUDA), drafter.to(CUDA)
+    prompts = seen + [prompt(99, 11)]
+    with capture(target) as cap:
+        one = SpeculativeDecoder(target, cap, drafter, d2t, 3, set())
+        batched = BatchedSpeculativeDecoder(target, cap, drafter, d2t, 3, set())
+        assert batched.fallback_reason is None
+        expected = [one.generate(p, 24) for p in prompts]
+        assert batched.generate_batch(prompts, 24) == expected
+    assert max(a for r in expected for a in r.accept_lengths) > 1
+
+
+def test_train_stage_on_cuda_compiles_and_learns(tmp_path, tiny_target_dir, tiny_cache_dir, capfd):
+    from safetensors.torch import save as save_safetensors
+    from transformers import AutoConfig
+
+    from eagle3.context import run_stage
+    from eagle3.manifest import read_manifest
+    from eagle3.store import open_store
+    from eagle3.train.metrics import parse_metrics
+    from tests.extract.pipeline import commit_generate, random_samples
+    from tests.train.test_stage import TRAIN, UPSTREAM, pipeline_config
+
+    vocab = AutoConfig.from_pretrained(tiny_target_dir("llama")).vocab_size
+    overrides = {**UPSTREAM, **TRAIN, "train.device": "cuda", "extract.device": "cuda", "train.max_steps": 30,
+                 "train.checkpoint_every": 10, "train.batch_tokens": 512, "train.max_seq_len": 64}
+    cfg = pipeline_config(tmp_path / "store", tiny_cache_dir, **overrides)
+    samples = random_samples(80, lo=8, hi=60)
+    counts = torch.zeros(vocab, dtype=torch.int64)
+    for _, ids, mask in samples:
+        counts += torch.bincount(torch.tensor(ids)[torch.tensor(mask).bool()], minlength=vocab)
+    commit_generate(cfg, samples, tmp_path, extra={"token_freq.safetensors": save_safetensors({"counts": counts})})
+    for stage in ("vocab", "extract", "train"):
+        run_stage(cfg, stage)
+    store = open_store(cfg.store.uri)
+    stats = read_manifest(store, "t", "train").manifest.stats
+    assert stats["device"] == "cuda" and stats["peak_memory_gib"] > 0
+    records = parse_metrics(store.get_bytes("t/train/metrics.jsonl").decode())
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert "unavailable" not in capfd.readouterr().err  # compiled halves, KL and flex all compiled
