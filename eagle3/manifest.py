@@ -154,25 +154,64 @@ def verify_stage(
     return Verdict(stage, not problems, problems, loaded)
 
 
-class StageOutput:
+class ObjectWriter:
+    """Writes objects of a stage attempt, each hashed while written and journaled.
+
+    Rank 0 writes through its :class:`StageOutput`, which begins and commits the attempt;
+    another process of the same stage (a torchrun rank) writes through a plain
+    ObjectWriter after rank 0 began, and rank 0 carries the entries into its manifest
+    with :meth:`StageOutput.include`. A killed attempt's journal covers both.
+    """
+
+    def __init__(self, store: ObjectStore, run_id: str, stage: str) -> None:
+        self.store, self.run_id, self.stage = store, run_id, stage
+        self.prefix = stage_prefix(run_id, stage)
+        self.entries: dict[str, ObjectEntry] = {}
+
+    def _k(self, name: str) -> str:
+        return self.store.join(self.prefix, name)
+
+    @contextmanager
+    def writer(self, name: str, journal: bool = True) -> Iterator[HashingWriter]:
+        if name in (MANIFEST, ATTEMPT) or name.startswith(JOURNAL + "/"):
+            raise ManifestError(f"stage output name {name!r} is reserved")
+        with self.store.writer(self._k(name)) as w:
+            yield w
+        info = w.info  # type: ignore[attr-defined]
+        entry = ObjectEntry(key=name, size=info.size, sha256=info.sha256)
+        self.entries[name] = entry
+        if journal:
+            self.store.put_bytes(self._k(f"{JOURNAL}/{name}.json"), entry.model_dump_json().encode())
+
+    def put_bytes(self, name: str, data: bytes, journal: bool = True) -> ObjectEntry:
+        with self.writer(name, journal) as w:
+            w.write(data)
+        return self.entries[name]
+
+    def put_json(self, name: str, obj: Any, journal: bool = True) -> ObjectEntry:
+        return self.put_bytes(name, json.dumps(obj, indent=2, sort_keys=True).encode() + b"\n", journal)
+
+    def put_file(self, name: str, path: Path, journal: bool = True) -> ObjectEntry:
+        with self.writer(name, journal) as w, open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                w.write(chunk)
+        return self.entries[name]
+
+
+class StageOutput(ObjectWriter):
     """Writes one stage attempt's objects and commits them with the manifest, last.
 
     Resume: objects journaled by an earlier attempt with the same input key are
     offered by :meth:`recovered`; a changed input key wipes the stage folder first.
-    Only one process (rank 0) may write.
+    Only rank 0 begins and commits; other ranks write through an :class:`ObjectWriter`.
     """
 
     def __init__(self, store: ObjectStore, run_id: str, stage: str, input_key: str, upstream: dict[str, str]) -> None:
-        self.store, self.run_id, self.stage = store, run_id, stage
+        super().__init__(store, run_id, stage)
         self.input_key, self.upstream = input_key, upstream
-        self.prefix = stage_prefix(run_id, stage)
-        self.entries: dict[str, ObjectEntry] = {}
         self._recovered: dict[str, ObjectEntry] = {}
         self.started_at = now_iso()
         self._t0 = time.monotonic()
-
-    def _k(self, name: str) -> str:
-        return self.store.join(self.prefix, name)
 
     def begin(self) -> None:
         """Uncommit the stage, then keep or wipe the previous attempt's partial objects."""
@@ -205,31 +244,11 @@ class StageOutput:
         self.entries[name] = e
         return e
 
-    @contextmanager
-    def writer(self, name: str, journal: bool = True) -> Iterator[HashingWriter]:
-        if name in (MANIFEST, ATTEMPT) or name.startswith(JOURNAL + "/"):
-            raise ManifestError(f"stage output name {name!r} is reserved")
-        with self.store.writer(self._k(name)) as w:
-            yield w
-        info = w.info  # type: ignore[attr-defined]
-        entry = ObjectEntry(key=name, size=info.size, sha256=info.sha256)
-        self.entries[name] = entry
-        if journal:
-            self.store.put_bytes(self._k(f"{JOURNAL}/{name}.json"), entry.model_dump_json().encode())
-
-    def put_bytes(self, name: str, data: bytes, journal: bool = True) -> ObjectEntry:
-        with self.writer(name, journal) as w:
-            w.write(data)
-        return self.entries[name]
-
-    def put_json(self, name: str, obj: Any, journal: bool = True) -> ObjectEntry:
-        return self.put_bytes(name, json.dumps(obj, indent=2, sort_keys=True).encode() + b"\n", journal)
-
-    def put_file(self, name: str, path: Path, journal: bool = True) -> ObjectEntry:
-        with self.writer(name, journal) as w, open(path, "rb") as f:
-            while chunk := f.read(8 << 20):
-                w.write(chunk)
-        return self.entries[name]
+    def include(self, entry: ObjectEntry) -> None:
+        """Carry an object another rank wrote (and journaled) into this attempt's manifest."""
+        if not self.store.exists(self._k(entry.key)) or self.store.size(self._k(entry.key)) != entry.size:
+            raise ManifestError(f"{self._k(entry.key)}: not written as another rank reported ({entry.size} bytes)")
+        self.entries[entry.key] = entry
 
     def drop(self, name: str) -> None:
         """Remove an object from this attempt (e.g. a part merged into a final file)."""

@@ -60,7 +60,7 @@ ORDER: tuple[str, ...] = tuple(STAGES)
 VOLATILE_FIELDS = {
     "target": {"cache_dir", "served_name"},
     "generate": {"concurrency", "request_timeout_s", "max_retries", "part_size"},
-    "extract": {"device", "batch_tokens"},
+    "extract": {"device", "batch_tokens", "nproc_per_node"},
     "train": {"device", "checkpoint_every", "log_every", "compile"},
     "evaluate": {"device", "workers", "batch_size"},
 }

@@ -1,9 +1,10 @@
 """The extract stage: aux + final hidden states of the target over the tokenized samples.
 
 Shards stream to the store one at a time (host memory and local disk bounded by one
-shard). Shard boundaries are a pure function of sample lengths and ``shard_tokens``, so
-a rerun with the same input key adopts the shards a killed attempt finished and
-computes only the rest: no sample is lost or written twice.
+shard per process). Shard boundaries are a pure function of sample lengths and
+``shard_tokens``, so a rerun with the same input key adopts the shards a killed attempt
+finished and computes only the rest: no sample is lost or written twice. Under torchrun
+the shards left are dealt to the ranks (:mod:`eagle3.extract.parallel`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from eagle3.extract.capture import HiddenCapture, find_decoder_stack
 from eagle3.extract.loading import load_target, resolve_device
 from eagle3.extract.run import ShardStats, extract_shard
 from eagle3.extract.shards import INDEX, SHARD_DIR, STORAGE_DTYPES, TARGET_HEAD, read_shard, shard_name, write_shard
-from eagle3.manifest import Manifest
+from eagle3.extract.parallel import Ranks, my_share
+from eagle3.manifest import Manifest, ObjectEntry, ObjectWriter
 from eagle3.store import ObjectStore
 from eagle3.targets.aux_layers import resolve_aux_layer_ids
 
@@ -50,12 +52,14 @@ def target_head(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    from eagle3.targets.load import hidden_size, load_target_config, num_layers, target_vocab_size
+    from eagle3.extract.loading import needs_device_map
+    from eagle3.targets.load import hidden_size, load_target_config, num_layers, resolve_target, target_vocab_size
 
     settings, tset = ctx.cfg.extract, ctx.cfg.target
-    out = ctx.output
-    if out is None:  # only rank 0 writes; multi-process extraction is not split yet
-        return {}
+    ranks = Ranks.from_env()
+    ranks.join()
+    out = ctx.output  # rank 0: begins, includes every rank's shards, commits
+    writer = out if out is not None else ObjectWriter(ctx.store, ctx.cfg.run_id, "extract")
     data = read_tokenized(ctx.upstream_path("generate", TOKENIZED))
     if len(data) == 0:
         raise StageError("generate produced no tokenized samples: nothing to extract")
@@ -68,21 +72,28 @@ def run(ctx: StageContext) -> dict[str, Any]:
         raise StageError(f"generate/{TOKENIZED}: {problems[0]}")
 
     plans = plan_shards(data.lengths(), settings.shard_tokens)
-    recovered = out.recovered(SHARD_DIR + "/")
-    todo = [p for p in plans if shard_name(p.index) not in recovered]
-    for p in plans:
-        if shard_name(p.index) in recovered:
-            out.adopt(shard_name(p.index))
-    head_done = TARGET_HEAD in out.recovered(TARGET_HEAD)
-    if head_done:
-        out.adopt(TARGET_HEAD)
+    left: tuple[list[int], bool] | None = None
+    if out is not None:
+        recovered = out.recovered(SHARD_DIR + "/")
+        for p in plans:
+            if shard_name(p.index) in recovered:
+                out.adopt(shard_name(p.index))
+        head_done = TARGET_HEAD in out.recovered(TARGET_HEAD)
+        if head_done:
+            out.adopt(TARGET_HEAD)
+        left = ([p.index for p in plans if shard_name(p.index) not in recovered], head_done)
+    todo_ids, head_done = ranks.broadcast(left)  # rank 0 began the attempt: others write only after this
+    by_index = {p.index: p for p in plans}
+    todo_all = [by_index[i] for i in todo_ids]
+    device = ranks.device(resolve_device(settings.device))
+    fits = not needs_device_map(resolve_target(tset), device)
+    todo = my_share(todo_all, ranks.gather(fits or ranks.local_rank == 0), ranks.rank)
 
     stats = ShardStats()
-    new_tokens = sum(p.num_tokens for p in todo)
-    if todo or not head_done:
-        device = resolve_device(settings.device)
+    wall = 0.0
+    if todo or (out is not None and not head_done):
         model = load_target(tset, device)
-        if not head_done:
+        if out is not None and not head_done:
             path = ctx.scratch / TARGET_HEAD
             from safetensors.torch import save_file
 
@@ -90,7 +101,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
             out.put_file(TARGET_HEAD, path)
             path.unlink()
         stack = find_decoder_stack(model, n_layers)
-        done = sum(p.num_tokens for p in plans) - new_tokens
+        total = sum(p.num_tokens for p in todo)
+        done = 0
         t0 = time.perf_counter()
         with HiddenCapture(stack, aux_ids) as capture:
             for p in todo:
@@ -98,14 +110,22 @@ def run(ctx: StageContext) -> dict[str, Any]:
                 path = ctx.scratch / f"shard-{p.index:06d}.safetensors"
                 write_shard(path, shard)
                 del shard
-                out.put_file(shard_name(p.index), path)
+                writer.put_file(shard_name(p.index), path)
                 path.unlink()
                 done += p.num_tokens
-                ctx.progress(done, data.num_tokens, "tokens", shard=p.index,
+                ctx.progress(done, total, "tokens", shard=p.index,
                              tokens_per_s=round(stats.real_tokens / max(time.perf_counter() - t0, 1e-9), 1))
         wall = time.perf_counter() - t0
-    else:
-        wall = 0.0
+
+    mine = [writer.entries[shard_name(p.index)].model_dump() for p in todo]
+    reports = ranks.gather((mine, stats.real_tokens, stats.padded_tokens, stats.forward_s, wall))
+    if out is None:
+        return {}  # only rank 0 writes the index and commits
+    for entries, *_ in reports[1:]:
+        for e in entries:
+            out.include(ObjectEntry.model_validate(e))
+    real, padded = sum(r[1] for r in reports), sum(r[2] for r in reports)
+    forward_s, wall = sum(r[3] for r in reports), max(r[4] for r in reports)
 
     index = {
         "format": "eagle3.hidden.v1",
@@ -122,7 +142,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
                    for p in plans],
     }
     out.put_json(INDEX, index, journal=False)
-    padding = 1 - stats.real_tokens / stats.padded_tokens if stats.padded_tokens else 0.0
+    padding = 1 - real / padded if padded else 0.0
     return {
         "aux_layer_ids": aux_ids,
         "storage_dtype": settings.storage_dtype,
@@ -130,11 +150,12 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "samples": len(data),
         "tokens": data.num_tokens,
         "shards": len(plans),
-        "shards_adopted": len(plans) - len(todo),
-        "tokens_extracted": stats.real_tokens,
-        "forward_s": round(stats.forward_s, 3),
+        "shards_adopted": len(plans) - len(todo_all),
+        "tokens_extracted": real,
+        "processes": ranks.world,
+        "forward_s": round(forward_s, 3),
         "extract_wall_s": round(wall, 3),
-        "tokens_per_s": round(stats.real_tokens / wall, 1) if wall else None,
+        "tokens_per_s": round(real / wall, 1) if wall else None,
         "padding_ratio": round(padding, 4),
     }
 

@@ -110,19 +110,21 @@ class LocalBackend(Backend):
         args = ["-m", "eagle3", "stage", stage, "-c", str(self.config_path)]
         if endpoint:
             args += ["--endpoint", endpoint]
-        nproc = self._train_procs() if stage == "train" else 1
+        nproc = self._procs(stage) if stage in ("extract", "train") else 1
         if nproc > 1:
             return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
         return [sys.executable, *args]
 
-    def _train_procs(self) -> int:
-        n = self.cfg.train.nproc_per_node
+    def _procs(self, stage: str) -> int:
+        """torchrun processes of a GPU stage: its nproc_per_node (auto = this machine's GPUs, 1 on CPU)."""
+        settings = getattr(self.cfg, stage)
+        n = settings.nproc_per_node
         if n == "auto":
-            return max(1, self.gpu_count())
+            return 1 if settings.device == "cpu" else max(1, self.gpu_count())
         try:
             return int(n)
         except ValueError:
-            raise ConfigError(f"train.nproc_per_node must be a number or 'auto', not {n!r}") from None
+            raise ConfigError(f"{stage}.nproc_per_node must be a number or 'auto', not {n!r}") from None
 
     def submit(self, stage: str, endpoint: str | None = None) -> StageHandle:
         log = self.logs_dir / f"{stage}.log"

@@ -115,3 +115,42 @@ def test_bad_aux_ids_are_one_line_errors(tmp_path, tiny_target_dir):
     commit_generate(cfg, random_samples(2), tmp_path)
     with pytest.raises(StageError, match=r"target.aux_layer_ids: aux layer ids \[9\] out of range"):
         run_stage(cfg, "extract")
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_split_the_shards(tmp_path, tiny_target_dir):
+    """Two CPU ranks (gloo) extract the shards between them; the committed stage equals one process's."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.fixtures_targets import free_port
+
+    opts = {"extract.shard_tokens": 100, "extract.batch_tokens": 64}
+    samples = random_samples(12)
+    one = pipeline_config(tmp_path / "one", tiny_target_dir("llama"), **opts)
+    two = pipeline_config(tmp_path / "two", tiny_target_dir("llama"), **opts)
+    for cfg, scratch in ((one, tmp_path / "g1"), (two, tmp_path / "g2")):
+        scratch.mkdir()
+        commit_generate(cfg, samples, scratch)
+    run_stage(one, "extract")
+    conf = tmp_path / "two.yaml"
+    conf.write_text(yaml.safe_dump(json.loads(two.model_dump_json())))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           "-m", "eagle3.cli.stage", "stage", "extract", "--config", str(conf)]
+    run = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    totals = [json.loads(line.split(" ", 1)[1])["total"] for line in run.stderr.splitlines() if line.startswith("EAGLE3_PROGRESS")]
+    all_tokens = sum(len(s[1]) for s in samples)
+    assert totals and max(totals) < all_tokens  # each rank reported only its own share
+    (m1, shards1), (m2, shards2) = _shards(open_store(one.store.uri)), _shards(open_store(two.store.uri))
+    assert m2.stats["processes"] == 2 and m2.stats["tokens_extracted"] == all_tokens == m1.stats["tokens_extracted"]
+    assert m1.keys() == m2.keys() and len(shards2) >= 2
+    for a, b in zip(shards1, shards2):
+        assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.sample_ids, b.sample_ids)
+        torch.testing.assert_close(a.aux_hidden, b.aux_hidden)
+        torch.testing.assert_close(a.final_hidden, b.final_hidden)
+    store = open_store(two.store.uri)
+    assert verify_stage(store, "t", "extract", deep=True, content_check=extract_stage.deep_check).complete

@@ -75,7 +75,9 @@ def test_jobs_run_the_stage_entrypoint_with_failure_policy(prod_cfg):
     for stage in STAGES:
         job = by_name(objects, "Job", f"-{stage}")
         spec = job["spec"]
-        assert spec["template"]["spec"]["containers"][0]["command"][:5] == ["eagle3", "stage", stage, "-c", "/etc/eagle3/config.yaml"]
+        cmd = spec["template"]["spec"]["containers"][0]["command"]
+        entry = cmd[1:] if cmd[0] == "eagle3" else cmd[cmd.index("eagle3.cli.stage") + 1:]  # torchrun: extract, train
+        assert entry[:4] == ["stage", stage, "-c", "/etc/eagle3/config.yaml"]
         assert spec["backoffLimit"] == 3 and spec["activeDeadlineSeconds"] == prod_cfg.kubernetes.deadline_s[stage]
         assert spec["ttlSecondsAfterFinished"] == prod_cfg.kubernetes.ttl_s
         rules = spec["podFailurePolicy"]["rules"]
@@ -157,6 +159,18 @@ def test_multi_node_train_runs_torchrun_over_an_indexed_job(prod_cfg):
         assert f"--master-addr={job['metadata']['name']}-0.{svc['metadata']['name']}" in cmd
         assert cmd[cmd.index("-m") + 1:][:3] == ["eagle3.cli.stage", "stage", stage]
     assert "completionMode" not in by_name(objects, "Job", "-evaluate")["spec"]  # evaluate stays on one node
+
+
+def test_one_node_runs_extract_and_train_under_torchrun_on_every_gpu(prod_cfg):
+    objects = render_run(prod_cfg)  # one node of 8 GPUs
+    validate_strict(objects)
+    for stage in ("extract", "train"):
+        job = by_name(objects, "Job", f"-{stage}")
+        assert "completionMode" not in job["spec"]
+        cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert cmd[:3] == ["torchrun", "--standalone", "--nproc-per-node=8"]
+        assert cmd[cmd.index("-m") + 1:][:3] == ["eagle3.cli.stage", "stage", stage]
+    assert by_name(objects, "Job", "-evaluate")["spec"]["template"]["spec"]["containers"][0]["command"][0] == "eagle3"
 
 
 def test_jobset_switch_renders_jobsets(prod_cfg):

@@ -95,7 +95,12 @@ def test_train_uses_torchrun_for_more_than_one_process(backend):
     assert cmd[6:10] == ["-m", "eagle3", "stage", "train"]
     backend.cfg.train.nproc_per_node = 1
     assert backend.stage_command("train")[1:5] == ["-m", "eagle3", "stage", "train"]
+    assert "torch.distributed.run" not in backend.stage_command("extract")  # auto: this machine has no GPU
+    backend.cfg.extract.nproc_per_node = 2  # extraction deals its shards to the processes
+    assert backend.stage_command("extract")[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    backend.cfg.extract.nproc_per_node, backend.cfg.extract.device = "auto", "cpu"
     assert "torch.distributed.run" not in backend.stage_command("extract")
+    assert "torch.distributed.run" not in backend.stage_command("generate")
 
 
 def test_child_env_drops_config_overrides_but_keeps_the_rest(monkeypatch):
