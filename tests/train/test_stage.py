@@ -144,8 +144,9 @@ def test_sigterm_sets_the_stop_flag():
 
 
 @pytest.mark.slow
-def test_torchrun_two_cpu_processes_over_gloo(upstream, tmp_path):
-    cfg = fresh_config(upstream, tmp_path, **{"train.max_steps": 2, "train.checkpoint_every": 2})
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_torchrun_two_cpu_processes_over_gloo(upstream, tmp_path, strategy):
+    cfg = fresh_config(upstream, tmp_path, **{"train.max_steps": 2, "train.checkpoint_every": 2, "train.strategy": strategy})
     conf = tmp_path / "cfg.yaml"
     conf.write_text(yaml.safe_dump(json.loads(cfg.model_dump_json())))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "EAGLE3_DEBUG": "1"}
@@ -160,7 +161,7 @@ def test_torchrun_two_cpu_processes_over_gloo(upstream, tmp_path):
     assert rc == 0, log.read_text()[-4000:]
     store = open_store(cfg.store.uri)
     m = read_manifest(store, "t", "train").manifest
-    assert m.stats["world_size"] == 2 and m.stats["steps"] == 2 and m.stats["strategy"] == "ddp"
+    assert m.stats["world_size"] == 2 and m.stats["steps"] == 2 and m.stats["strategy"] == strategy
     assert sorted({k.split("/")[1] for k in m.keys("checkpoints/")}) == ["step-0000002"]
     assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
     torch.testing.assert_close(load_file(store.local_path("t/train/drafter.safetensors"))["fc.weight"].sum(),
