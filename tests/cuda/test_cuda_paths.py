@@ -90,22 +90,12 @@ def test_linear_kl_gradients_on_cuda_match_autograd():
 
 
 def test_batched_decoding_equals_one_at_a_time_on_cuda(tiny_target_dir):
-    from tests.evaluate.test_batched import capture, drafter_trained_on_greedy, prompt
-
-    from eagle3.evaluate.batched import BatchedSpeculativeDecoder
-    from eagle3.evaluate.spec_decode import SpeculativeDecoder
+    from tests.evaluate.test_batched import batched_equals_one_at_a_time, drafter_trained_on_greedy, prompt
 
     target = AutoModelForCausalLM.from_pretrained(tiny_target_dir("llama"), dtype=torch.float32).eval()
     seen = [prompt(s, 4 + 5 * s) for s in range(5)]
     drafter, d2t = drafter_trained_on_greedy(target, seen)
-    target, drafter = target.to(CUDA), drafter.to(CUDA)
-    prompts = seen + [prompt(99, 11)]
-    with capture(target) as cap:
-        one = SpeculativeDecoder(target, cap, drafter, d2t, 3, set())
-        batched = BatchedSpeculativeDecoder(target, cap, drafter, d2t, 3, set())
-        assert batched.fallback_reason is None
-        expected = [one.generate(p, 24) for p in prompts]
-        assert batched.generate_batch(prompts, 24) == expected
+    expected = batched_equals_one_at_a_time(target.to(CUDA), drafter.to(CUDA), d2t, seen + [prompt(99, 11)], 3, 24)
     assert max(a for r in expected for a in r.accept_lengths) > 1
 
 

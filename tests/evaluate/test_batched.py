@@ -54,6 +54,17 @@ def drafter_trained_on_greedy(target, prompts, steps=50):
     return drafter.eval(), torch.zeros(vocab, dtype=torch.int64)
 
 
+def batched_equals_one_at_a_time(target, drafter, d2t, prompts, k, max_new, eos=frozenset()):
+    """Decode ``prompts`` batched and one at a time; assert equal results; return them."""
+    with capture(target) as cap:
+        one = SpeculativeDecoder(target, cap, drafter, d2t, k, set(eos))
+        batched = BatchedSpeculativeDecoder(target, cap, drafter, d2t, k, set(eos))
+        assert batched.fallback_reason is None
+        expected = [one.generate(p, max_new) for p in prompts]
+        assert batched.generate_batch(prompts, max_new) == expected
+    return expected
+
+
 @pytest.fixture(scope="module", params=["llama", "deepseek"])
 def setup(request, tiny_target_dir):
     target = AutoModelForCausalLM.from_pretrained(tiny_target_dir(request.param), dtype=torch.float32).eval()
@@ -68,12 +79,7 @@ def test_batch_gives_what_one_at_a_time_gives(setup, k):
     max_new = 24
     # An EOS that the third prompt's output reaches early, so rows finish at different rounds.
     eos = {greedy_generate(target, prompts[2], 6, set())[5]}
-    with capture(target) as cap:
-        one = SpeculativeDecoder(target, cap, drafter, d2t, k, eos)
-        batched = BatchedSpeculativeDecoder(target, cap, drafter, d2t, k, eos)
-        assert batched.fallback_reason is None
-        expected = [one.generate(p, max_new) for p in prompts]
-        assert batched.generate_batch(prompts, max_new) == expected
+    expected = batched_equals_one_at_a_time(target, drafter, d2t, prompts, k, max_new, eos)
     lengths = [a for r in expected for a in r.accept_lengths]
     assert 1 in lengths and k + 1 in lengths, lengths  # rejected and fully accepted chains both exercised
     if k == 3:
@@ -98,12 +104,7 @@ def test_eager_attention_takes_the_mask_too(tiny_target_dir):
                                                   attn_implementation="eager").eval()
     seen = [prompt(s, 4 + 5 * s) for s in range(3)]
     drafter, d2t = drafter_trained_on_greedy(target, seen, steps=40)
-    with capture(target) as cap:
-        one = SpeculativeDecoder(target, cap, drafter, d2t, 3, set())
-        batched = BatchedSpeculativeDecoder(target, cap, drafter, d2t, 3, set())
-        assert batched.fallback_reason is None
-        expected = [one.generate(p, 16) for p in seen]
-        assert batched.generate_batch(seen, 16) == expected
+    expected = batched_equals_one_at_a_time(target, drafter, d2t, seen, 3, 16)
     assert max(a for r in expected for a in r.accept_lengths) > 1
 
 
