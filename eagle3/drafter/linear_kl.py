@@ -23,6 +23,7 @@ from torch import Tensor
 
 from eagle3.drafter.compiled import Compiled
 
+
 def chunk_kl(x: Tensor, weight: Tensor, teacher: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """x [R, H], weight [N, H], teacher logits [R, N] (same compute dtype) →
     (KL sum fp32 scalar, hits int64 scalar, d KL_sum / d logits [R, N] in x's dtype)."""
