@@ -246,7 +246,7 @@ class StageOutput(ObjectWriter):
 
     def include(self, entry: ObjectEntry) -> None:
         """Carry an object another rank wrote (and journaled) into this attempt's manifest."""
-        if not self.store.exists(self._k(entry.key)) or self.store.size(self._k(entry.key)) != entry.size:
+        if self.store.size(self._k(entry.key)) != entry.size:  # None when missing
             raise ManifestError(f"{self._k(entry.key)}: not written as another rank reported ({entry.size} bytes)")
         self.entries[entry.key] = entry
 

@@ -1,4 +1,4 @@
-"""Resumable checkpoints in the stage's store folder: ``checkpoints/step-XXXXXXX/``.
+"""Resumable checkpoints in the stage's store folder: ``checkpoints/step-0000500/`` (step, 7 digits).
 
 Objects: ``model.safetensors`` (trainable weights, float32), ``optim.pt`` (optimizer +
 scheduler), ``rng.pt`` (torch/cuda/python/numpy RNG states of every rank), then

@@ -154,7 +154,8 @@ class DataPlan:
         shard boundary does not stall training (host memory: two shards)."""
         order = self.rank_shards(epoch)
         seen = 0
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-read") as pool:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-read")
+        try:
             upcoming = pool.submit(open_shard, self.shards[order[0]].name) if order else None
             for j, idx in enumerate(order):
                 shard = upcoming.result()
@@ -168,3 +169,6 @@ class DataPlan:
                         yield collate(shard, b, min(self.max_seq_len, self.batch_tokens), dtype, pad_to, pin)
                     seen += 1
                 del shard
+        finally:
+            # Left early (max_steps, the eval's batch cap, a stop): do not wait for a read nobody needs.
+            pool.shutdown(wait=False, cancel_futures=True)

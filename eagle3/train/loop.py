@@ -182,8 +182,7 @@ def _eval(wrapped: torch.nn.Module, objective: TTTObjective, job: TrainJob, env:
     with torch.no_grad(), objective.eager():
         for _ in range(EVAL_MAX_BATCHES):
             batch = next(it, None)
-            done = _reduce(torch.tensor([float(batch is None)], device=env.device), env, dist.ReduceOp.MAX if env.distributed else None)
-            if done.item():
+            if _agree(env, batch is None, False)[0]:
                 break
             b = batch.to(env.device)
             with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=env.device.type == "cuda"):
