@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on the lent H200 (device tool; repo root is the cwd, $OUT comes back).
 #   bash benchmarks/quality/device_call.sh benches BUDGET_S               # issue 3: bench_extract + bench_train (8B + quality shape)
-#   bash benchmarks/quality/device_call.sh extract                        # issue 3: bench_extract alone (~200 s)
-#   bash benchmarks/quality/device_call.sh cuda-tests                     # tests/cuda on the GPU
+#   bash benchmarks/quality/device_call.sh extract [LIMIT_S]              # issue 3: bench_extract alone (~250 s)
+#   bash benchmarks/quality/device_call.sh cuda-tests [LIMIT_S]           # tests/cuda on the GPU
 #   bash benchmarks/quality/device_call.sh quality BUDGET_S STEPS         # issue 8 steps (resumable in /tmp/e3q)
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
 # Missing Python packages travel as wheels in .whl/ (carry: [".whl"]) and go to /tmp/site.
@@ -23,9 +23,9 @@ if [ "$mode" = quality ]; then
     2>&1 | tee -a "$log"
   cp /tmp/e3q/target_meta.json "$OUT/" 2>/dev/null
 elif [ "$mode" = cuda-tests ]; then  # tests/cuda: compiled training, batched decoding, the train stage on CUDA
-  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/cuda 2>&1 | tee -a "$log"
+  timeout "${2:-300}" python3 -m pytest -q -p no:cacheprovider tests/cuda 2>&1 | tee -a "$log"
 elif [ "$mode" = extract ]; then  # issue 3's extraction benchmark alone
-  timeout 200 python3 benchmarks/bench_extract.py --out "$OUT/extract_h200.json" 2>&1 | tee -a "$log"
+  timeout "${2:-260}" python3 benchmarks/bench_extract.py --out "$OUT/extract_h200.json" 2>&1 | tee -a "$log"
 elif [ "$mode" = benches ]; then
   # Fixed limits per benchmark, extraction first: in the 2nd session's call the two training
   # benchmarks (8B compile) used the whole budget and extraction got 20 s.

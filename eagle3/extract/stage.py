@@ -1,7 +1,8 @@
 """The extract stage: aux + final hidden states of the target over the tokenized samples.
 
-Shards stream to the store one at a time (host memory and local disk bounded by one
-shard per process). Shard boundaries are a pure function of sample lengths and
+Shards stream to the store as they are made: shard k is written and stored on a
+background thread while shard k+1 is extracted (host memory: two shards per process;
+local disk: one shard file). Shard boundaries are a pure function of sample lengths and
 ``shard_tokens``, so a rerun with the same input key adopts the shards a killed attempt
 finished and computes only the rest: no sample is lost or written twice. Under torchrun
 the shards left are dealt to the ranks (:mod:`eagle3.extract.parallel`).
@@ -21,8 +22,9 @@ from eagle3.errors import StageError
 from eagle3.extract.batching import plan_shards
 from eagle3.extract.capture import HiddenCapture, find_decoder_stack
 from eagle3.extract.loading import load_target, resolve_device
-from eagle3.extract.run import ShardStats, extract_shard
-from eagle3.extract.shards import INDEX, SHARD_DIR, STORAGE_DTYPES, TARGET_HEAD, read_shard, shard_name, write_shard
+from eagle3.extract.run import HostStaging, ShardStats, extract_shard
+from eagle3.extract.shards import INDEX, SHARD_DIR, STORAGE_DTYPES, TARGET_HEAD, read_shard, shard_name
+from eagle3.extract.writer import ShardWriter
 from eagle3.extract.parallel import Ranks, my_share
 from eagle3.manifest import Manifest, ObjectEntry, ObjectWriter
 from eagle3.store import ObjectStore
@@ -104,28 +106,27 @@ def run(ctx: StageContext) -> dict[str, Any]:
         total = sum(p.num_tokens for p in todo)
         done = 0
         t0 = time.perf_counter()
-        with HiddenCapture(stack, aux_ids) as capture:
+        staging = HostStaging()
+        with HiddenCapture(stack, aux_ids) as capture, ShardWriter(writer, ctx.scratch) as shards:
             for p in todo:
-                shard = extract_shard(capture, data, p, hidden, settings.batch_tokens, settings.storage_dtype, stats)
-                path = ctx.scratch / f"shard-{p.index:06d}.safetensors"
-                write_shard(path, shard)
+                shard = extract_shard(capture, data, p, hidden, settings.batch_tokens, settings.storage_dtype, stats,
+                                      staging)
+                shards.submit(p.index, shard)
                 del shard
-                writer.put_file(shard_name(p.index), path)
-                path.unlink()
                 done += p.num_tokens
                 ctx.progress(done, total, "tokens", shard=p.index,
                              tokens_per_s=round(stats.real_tokens / max(time.perf_counter() - t0, 1e-9), 1))
         wall = time.perf_counter() - t0
 
     mine = [writer.entries[shard_name(p.index)].model_dump() for p in todo]
-    reports = ranks.gather((mine, stats.real_tokens, stats.padded_tokens, stats.forward_s, wall))
+    reports = ranks.gather((mine, stats.real_tokens, stats.padded_tokens, stats.batches_s, wall))
     if out is None:
         return {}  # only rank 0 writes the index and commits
     for entries, *_ in reports[1:]:
         for e in entries:
             out.include(ObjectEntry.model_validate(e))
     real, padded = sum(r[1] for r in reports), sum(r[2] for r in reports)
-    forward_s, wall = sum(r[3] for r in reports), max(r[4] for r in reports)
+    batches_s, wall = sum(r[3] for r in reports), max(r[4] for r in reports)
 
     index = {
         "format": "eagle3.hidden.v1",
@@ -153,7 +154,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "shards_adopted": len(plans) - len(todo_all),
         "tokens_extracted": real,
         "processes": ranks.world,
-        "forward_s": round(forward_s, 3),
+        "batches_s": round(batches_s, 3),
         "extract_wall_s": round(wall, 3),
         "tokens_per_s": round(real / wall, 1) if wall else None,
         "padding_ratio": round(padding, 4),

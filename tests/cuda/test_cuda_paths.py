@@ -127,3 +127,38 @@ def test_train_stage_on_cuda_compiles_and_learns(tmp_path, tiny_target_dir, tiny
     records = parse_metrics(store.get_bytes("t/train/metrics.jsonl").decode())
     assert records[-1]["loss"] < records[0]["loss"]
     assert "unavailable" not in capfd.readouterr().err  # compiled halves, KL and flex all compiled
+
+
+@pytest.mark.parametrize("storage", ["bfloat16", "float8_e4m3fn"])
+def test_pipelined_extraction_equals_batch_by_batch_on_cuda(tiny_target_dir, storage):
+    """Pinned async copies placed one batch behind give the same shard as waiting for each batch."""
+    from eagle3.data.tokenized import from_lists
+    from eagle3.extract.batching import plan_batches, plan_shards, right_pad
+    from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+    from eagle3.extract.run import ShardStats, extract_shard, to_storage
+    from tests.extract.pipeline import random_samples
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir("llama"), dtype=torch.bfloat16).to(CUDA).eval()
+    data = from_lists(random_samples(40, seed=3, lo=5, hi=90))
+    plan = plan_shards(data.lengths(), 1 << 30)[0]
+    stack = find_decoder_stack(model, model.config.num_hidden_layers)
+    aux_ids, h = [1, 2, 3], model.config.hidden_size
+    with HiddenCapture(stack, aux_ids) as capture:
+        got = extract_shard(capture, data, plan, h, 256, storage, ShardStats())
+        lengths = data.lengths().tolist()
+        batches = list(plan_batches(lengths, 256))
+        assert len(batches) > 3  # the pipeline has batches in flight
+        for batch in batches:
+            samples = [data.input_ids[int(data.offsets[j]) : int(data.offsets[j + 1])] for j in batch]
+            ids, _ = right_pad(samples)
+            aux, final = capture.run_stack(ids.to(CUDA))
+            torch.cuda.synchronize()
+            for row, j in enumerate(batch):
+                dst, n = slice(int(data.offsets[j]), int(data.offsets[j + 1])), lengths[j]
+                for g, state in enumerate([*aux, final]):
+                    q, scale = to_storage(state[row, :n], storage)
+                    stored = got.aux_hidden[dst, g * h : (g + 1) * h] if g < 3 else got.final_hidden[dst]
+                    assert torch.equal(stored.view(torch.uint8), q.cpu().view(torch.uint8)), (j, g)
+                    if scale is not None:
+                        kept = got.aux_scale[dst, g : g + 1] if g < 3 else got.final_scale[dst]
+                        torch.testing.assert_close(kept, scale.cpu(), rtol=1e-6, atol=0)
