@@ -6,9 +6,9 @@ per target, in one process:
 - plain:    ``model.model(input_ids)`` (decoder stack, no hooks, no lm_head), tokens/s
 - extract:  the extract stage's own code (hooks, real-token selection, dtype conversion,
             device-to-host copy, shard assembly), tokens/s; goal >= 0.9 x plain
-- write:    the same plus writing each shard (safetensors) and putting it into a local
-            file:// store through StageOutput (sha256 while copying) on the stage's writer
-            thread, overlapped with the next shard's extraction, tokens/s
+- write:    the same plus streaming each shard (safetensors) into a local file:// store
+            through StageOutput (sha256 on the way) on the stage's writer thread,
+            overlapped with the next shard's extraction, tokens/s
 - bytes per token of the shards in bfloat16 and float8_e4m3fn
 
 Run on one H200:  python benchmarks/bench_extract.py --out bench_extract.json
@@ -58,7 +58,7 @@ def deepseek_small_config(tiny: bool) -> Any:
                                 qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
                                 num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
                                 moe_intermediate_size=32, first_k_dense_replace=1)
-    # Kimi-K2.5's architecture (MLA + MoE, its vocab) at ~16B-A3B scale so it fits one GPU.
+    # Kimi-K2.5's architecture (MLA + MoE, its vocab) at ~9.6B parameters (16 layers, 64 experts) so it fits one GPU.
     return DeepseekV3Config(vocab_size=163840, hidden_size=2048, intermediate_size=11264, num_hidden_layers=16,
                             num_attention_heads=16, num_key_value_heads=16, q_lora_rank=1536, kv_lora_rank=512,
                             qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=64,
@@ -110,8 +110,8 @@ def plain_forward(model: Any, data: Any, shards: list[Any], batch_tokens: int, d
     return total
 
 
-def extract_all(model: Any, data: Any, shards: list[Any], batch_tokens: int, storage: str, store_dir: Path | None,
-                scratch: Path) -> dict[str, Any]:
+def extract_all(model: Any, data: Any, shards: list[Any], batch_tokens: int, storage: str,
+                store_dir: Path | None) -> dict[str, Any]:
     """The extract stage's loop: shards extracted, then (with a store) written on the stage's writer thread."""
     n_layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
     stack = find_decoder_stack(model, n_layers)
@@ -121,7 +121,7 @@ def extract_all(model: Any, data: Any, shards: list[Any], batch_tokens: int, sto
     if store_dir is not None:
         out = StageOutput(LocalStore(store_dir), "bench", "extract", f"bench-{storage}", {})
         out.begin()
-        writer = ShardWriter(out, scratch)
+        writer = ShardWriter(out)
     t0 = time.perf_counter()
     with HiddenCapture(stack, default_aux_layer_ids(n_layers)) as capture:
         for p in shards:
@@ -153,14 +153,13 @@ def bench_target(name: str, config: Any, args: argparse.Namespace, device: torch
                               "batch_tokens": args.batch_tokens}
     plain_s = min(plain_forward(model, data, shards, args.batch_tokens, device) for _ in range(args.repeats))
     with tempfile.TemporaryDirectory() as tmp:
-        scratch = Path(tmp)
-        runs = [extract_all(model, data, shards, args.batch_tokens, "bfloat16", None, scratch) for _ in range(args.repeats)]
+        runs = [extract_all(model, data, shards, args.batch_tokens, "bfloat16", None) for _ in range(args.repeats)]
         compute = min(runs, key=lambda r: r["wall_s"])
         if device.type == "cuda":
             result["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
         written = {}
         for storage in ("bfloat16", "float8_e4m3fn"):
-            written[storage] = extract_all(model, data, shards, args.batch_tokens, storage, scratch / f"store-{storage}", scratch)
+            written[storage] = extract_all(model, data, shards, args.batch_tokens, storage, Path(tmp) / f"store-{storage}")
     result.update({
         "plain_tokens_per_s": round(tokens / plain_s, 1),
         "extract_tokens_per_s": round(tokens / compute["wall_s"], 1),

@@ -7,8 +7,10 @@ steps, so a second device call on a warm machine carries on where the first stop
 2. ``ours_bf16``  ``eagle3ctl run pipeline`` (local backend) on that target, run ``q-bf16``:
    generate (against serve_batched.py, an OpenAI-compatible batching server standing in
    for vLLM) → vocab → extract (bf16) → train → export → evaluate on held-out prompts.
-3. ``spec``     the same drafter trained by speculators on the same samples (spec_data.py,
-   spec_train.py), exported to our format, evaluated by our evaluate stage (run ``q-spec``).
+3. ``spec_data`` q-bf16's samples in speculators' data format (spec_data.py; its own step so
+   it can use the end of the call that ran ``ours_bf16``), then
+   ``spec``     the same drafter trained by speculators on those samples (spec_train.py),
+   exported to our format, evaluated by our evaluate stage (run ``q-spec``).
 4. ``ours_fp8``  run ``q-fp8``: the same generate output, extract with float8_e4m3fn storage.
 5. ``plot``     acceptance per position of every system that finished; one JSON summary.
 
@@ -32,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PORT = 8123
-STEPS = ("target", "ours_bf16", "spec", "ours_fp8", "plot")
+STEPS = ("target", "ours_bf16", "spec_data", "spec", "ours_fp8", "plot")
 
 
 class Bench:
@@ -176,19 +178,28 @@ class Bench:
             raise StepFailed(f"pipeline {run} incomplete (exit {rc})")
         return result
 
-    def step_spec(self) -> dict:
-        src = self.store / "q-bf16"
-        index = json.loads((src / "extract" / "index.json").read_text())
-        aux = [str(i) for i in index["aux_layer_ids"]]
-        data, save, export = self.work / "spec_data", self.work / "spec_ckpt", self.work / "spec_export"
+    def aux_ids(self) -> list[str]:
+        index = json.loads((self.store / "q-bf16" / "extract" / "index.json").read_text())
+        return [str(i) for i in index["aux_layer_ids"]]
+
+    def step_spec_data(self) -> dict:
+        src, data = self.store / "q-bf16", self.work / "spec_data"
+        t0 = time.monotonic()
         if not (data / "dataset_info.json").exists() or not (data / "hidden_states").exists():
             shutil.rmtree(data, ignore_errors=True)
             rc = self.sh([self.py, str(HERE / "spec_data.py"), "--target", str(self.work / "target"),
                           "--tokenized", str(src / "generate" / "tokenized.safetensors"),
                           "--vocab", str(src / "vocab" / "vocab_mapping.safetensors"),
-                          "--aux-layer-ids", *aux, "--out", str(data)])
+                          "--aux-layer-ids", *self.aux_ids(), "--out", str(data)])
             if rc != 0:
                 raise StepFailed("spec_data.py failed")
+        return {"data": str(data), "seconds": round(time.monotonic() - t0, 1)}
+
+    def step_spec(self) -> dict:
+        if not self.done("spec_data"):
+            self.save("spec_data", self.step_spec_data())
+        aux = self.aux_ids()
+        data, save, export = self.work / "spec_data", self.work / "spec_ckpt", self.work / "spec_export"
         shutil.rmtree(save, ignore_errors=True)
         a = self.a
         cmd = [self.py, str(HERE / "spec_train.py"), "--target", str(self.work / "target"), "--data", str(data),
@@ -225,8 +236,9 @@ class Bench:
         return {"systems": sorted(systems)}
 
     def run(self, steps: list[str]) -> dict:
-        estimates = {"target": 60 if self.a.tiny else 200, "ours_bf16": 60 if self.a.tiny else 290,
-                     "spec": 60 if self.a.tiny else 250, "ours_fp8": 40 if self.a.tiny else 160, "plot": 5}
+        tiny = self.a.tiny
+        estimates = {"target": 60 if tiny else 200, "ours_bf16": 60 if tiny else 290, "spec_data": 20 if tiny else 45,
+                     "spec": 60 if tiny else 250, "ours_fp8": 40 if tiny else 160, "plot": 5}
         status = {}
         for step in steps:
             if self.done(step) and step != "plot":  # the plot is redrawn with whatever finished
@@ -238,11 +250,12 @@ class Bench:
                 status[step] = f"skipped: {self.left():.0f}s left, needs ~{estimates[step]}s"
                 self.log(status[step])
                 continue
-            if step in ("ours_bf16", "spec", "ours_fp8") and not self.done("target"):
+            if step in ("ours_bf16", "spec_data", "spec", "ours_fp8") and not self.done("target"):
                 status[step] = "skipped: no target"
                 continue
             # spec and fp8 reuse q-bf16's samples (and spec its vocab + aux ids), not its drafter.
-            if step == "spec" and not (self.manifest("q-bf16", "vocab") and self.manifest("q-bf16", "extract")):
+            q_bf16_ready = self.manifest("q-bf16", "vocab") and self.manifest("q-bf16", "extract")
+            if step in ("spec_data", "spec") and not q_bf16_ready:
                 status[step] = "skipped: needs q-bf16's vocab and extract stages"
                 continue
             if step == "ours_fp8" and not self.manifest("q-bf16", "generate"):
@@ -252,8 +265,8 @@ class Bench:
             self.log(f"step {step}")
             try:
                 fn = {"target": self.step_target, "ours_bf16": lambda: self.step_ours("q-bf16", "bfloat16"),
-                      "spec": self.step_spec, "ours_fp8": lambda: self.step_ours("q-fp8", "float8_e4m3fn"),
-                      "plot": self.step_plot}[step]
+                      "spec_data": self.step_spec_data, "spec": self.step_spec,
+                      "ours_fp8": lambda: self.step_ours("q-fp8", "float8_e4m3fn"), "plot": self.step_plot}[step]
                 res = fn()
                 res["step_seconds"] = round(time.monotonic() - t0, 1)
                 self.save(step, res)
@@ -339,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus-root", type=Path, default=None)
     ap.add_argument("--target-seconds", type=float, default=None)
     ap.add_argument("--max-tokens", type=int, default=192, help="generate: response tokens per prompt")
-    ap.add_argument("--draft-vocab", type=int, default=16384)
+    ap.add_argument("--draft-vocab", type=int, default=None, help="draft vocab size (default 16384; 512 with --tiny)")
     ap.add_argument("--epochs", type=float, default=2)
     ap.add_argument("--batch-tokens", type=int, default=16384, help="tokens per optimizer step (both systems)")
     ap.add_argument("--lr", type=float, default=5e-4)
@@ -351,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-batch", type=int, default=16, help="evaluate: prompts decoded in lockstep per process")
     ap.add_argument("--serve-batch", type=int, default=1024)
     a = ap.parse_args(argv)
+    if a.draft_vocab is None:  # the tiny target's whole vocab is 2048
+        a.draft_vocab = 512 if a.tiny else 16384
     sys.path.insert(0, str(HERE))
     summary = Bench(a).run([s for s in a.steps.split(",") if s])
     print(json.dumps(summary.get("headline", summary), indent=2, default=str))

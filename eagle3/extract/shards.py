@@ -19,12 +19,14 @@ dequantizes through :meth:`HiddenShard.aux_hidden_float`.
 
 from __future__ import annotations
 
+import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 SHARD_DIR = "shards"
 INDEX = "index.json"
@@ -122,8 +124,46 @@ class HiddenShard:
         return problems
 
 
+_SAFETENSORS_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
+                      torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+                      torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+_CHUNK = 8 << 20
+
+
+def stream_safetensors(sink: BinaryIO, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> int:
+    """Write ``tensors`` in the safetensors format to a stream, straight from their memory.
+
+    No serialized copy of the whole file is built (``safetensors.torch.save`` would double a
+    multi-GB shard in host memory), and the bytes pass once through the store's writer
+    (hashed and written, or uploaded, in one go). Writes release the GIL, so this runs
+    beside extraction on a thread. Returns the bytes written.
+    """
+    header: dict[str, object] = {"__metadata__": metadata}
+    flat, offset = [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPE[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        flat.append(t.reshape(-1).view(torch.uint8))
+        offset += n
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    sink.write(struct.pack("<Q", len(head)))
+    sink.write(head)
+    for raw in flat:
+        view = memoryview(raw.numpy())
+        for i in range(0, len(view), _CHUNK):
+            sink.write(view[i : i + _CHUNK])
+    return 8 + len(head) + offset
+
+
+def write_shard_to(sink: BinaryIO, shard: HiddenShard) -> int:
+    return stream_safetensors(sink, shard.tensors(), {"format": "eagle3.hidden.v1"})
+
+
 def write_shard(path: Path, shard: HiddenShard) -> None:
-    save_file({k: v.contiguous() for k, v in shard.tensors().items()}, str(path), metadata={"format": "eagle3.hidden.v1"})
+    with open(path, "wb") as f:
+        write_shard_to(f, shard)
 
 
 def read_shard(path: Path | str) -> HiddenShard:

@@ -1,8 +1,8 @@
 """The extract stage: aux + final hidden states of the target over the tokenized samples.
 
-Shards stream to the store as they are made: shard k is written and stored on a
-background thread while shard k+1 is extracted (host memory: two shards per process;
-local disk: one shard file). Shard boundaries are a pure function of sample lengths and
+Shards stream to the store as they are made: shard k goes from host memory straight
+into the store (hashed on the way) on a background thread while shard k+1 is extracted
+(host memory: two shards per process; no local disk). Shard boundaries are a pure function of sample lengths and
 ``shard_tokens``, so a rerun with the same input key adopts the shards a killed attempt
 finished and computes only the rest: no sample is lost or written twice. Under torchrun
 the shards left are dealt to the ranks (:mod:`eagle3.extract.parallel`).
@@ -107,7 +107,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         done = 0
         t0 = time.perf_counter()
         staging = HostStaging()
-        with HiddenCapture(stack, aux_ids) as capture, ShardWriter(writer, ctx.scratch) as shards:
+        with HiddenCapture(stack, aux_ids) as capture, ShardWriter(writer) as shards:
             for p in todo:
                 shard = extract_shard(capture, data, p, hidden, settings.batch_tokens, settings.storage_dtype, stats,
                                       staging)

@@ -4,35 +4,34 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
-from eagle3.extract.shards import HiddenShard, shard_name, write_shard
+from eagle3.extract.shards import HiddenShard, shard_name, write_shard_to
 from eagle3.manifest import ObjectWriter
 
 
 class ShardWriter:
-    """Writes each finished shard (safetensors in scratch) and puts it into the store, one behind.
+    """Streams each finished shard into the store (hashed on the way), one shard behind extraction.
 
     The GPU does not wait for disk or object store: shard k is written while shard k+1 is
-    extracted (safetensors and hashlib release the GIL). At most one shard is in flight, so a
-    process holds two shards in host memory and one shard file on scratch disk. A failed
-    write surfaces at the next :meth:`submit` or at :meth:`close`; shards put before it stay
-    journaled, so a rerun adopts them.
+    extracted (file writes, uploads and hashing release the GIL). The shard's bytes go from
+    its tensors straight into the store's writer — no scratch file, no serialized copy — so
+    a ``file://`` store writes each byte once and S3 gets a multipart upload. At most one
+    shard is in flight: a process holds two shards in host memory. A failed write surfaces
+    at the next :meth:`submit` or at :meth:`close`; shards stored before it stay journaled,
+    so a rerun adopts them.
     """
 
-    def __init__(self, writer: ObjectWriter, scratch: Path) -> None:
-        self.writer, self.scratch = writer, scratch
+    def __init__(self, writer: ObjectWriter) -> None:
+        self.writer = writer
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer")
         self._inflight: Future | None = None
         self.bytes_written = 0
         self.waited_s = 0.0  # seconds extraction spent waiting for the previous shard's write
 
     def _write(self, index: int, shard: HiddenShard) -> None:
-        path = self.scratch / f"shard-{index:06d}.safetensors"
-        write_shard(path, shard)
-        self.bytes_written += path.stat().st_size
-        self.writer.put_file(shard_name(index), path)
-        path.unlink()
+        with self.writer.writer(shard_name(index)) as sink:
+            write_shard_to(sink, shard)  # type: ignore[arg-type]
+        self.bytes_written += self.writer.entries[shard_name(index)].size
 
     def wait(self) -> None:
         if self._inflight is not None:

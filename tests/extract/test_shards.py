@@ -60,3 +60,24 @@ def test_validate_names_inconsistent_shards():
     bad.offsets = torch.tensor([0, 4, 9])
     assert any("offsets" in p for p in bad.validate())
     assert any("target hidden size" in p for p in _shard().validate(16))
+
+
+def test_streamed_safetensors_read_back_with_every_dtype(tmp_path):
+    import io
+
+    from safetensors.torch import load
+
+    from eagle3.extract.shards import stream_safetensors
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"bf16": torch.randn(5, 3, generator=g).bfloat16(),
+               "fp8": torch.randn(4, 8, generator=g).to(torch.float8_e4m3fn), "f32": torch.randn(7, generator=g), "i64": torch.arange(3), "u8": torch.ones(2, 2, dtype=torch.uint8),
+               "empty": torch.zeros(0, 4), "scalar": torch.tensor(2.5)}
+    buf = io.BytesIO()
+    n = stream_safetensors(buf, tensors, {"format": "test"})
+    assert n == len(buf.getvalue())
+    back = load(buf.getvalue())
+    assert set(back) == set(tensors)
+    for k, v in tensors.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape, k
+        assert torch.equal(back[k].reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8)), k  # bit for bit

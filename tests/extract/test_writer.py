@@ -18,17 +18,14 @@ def _shard(seed: int, t: int = 6, h: int = 4) -> HiddenShard:
     )
 
 
-def test_shards_are_stored_journaled_and_scratch_is_emptied(tmp_path):
+def test_shards_are_stored_in_safetensors_and_journaled(tmp_path):
     store = LocalStore(tmp_path / "store")
     objects = ObjectWriter(store, "r", "extract")
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    with ShardWriter(objects, scratch) as writer:
+    with ShardWriter(objects) as writer:
         for i in range(3):
             writer.submit(i, _shard(i))
     assert sorted(objects.entries) == [shard_name(i) for i in range(3)]
     assert writer.bytes_written == sum(e.size for e in objects.entries.values())
-    assert list(scratch.iterdir()) == []
     for i in range(3):
         got = read_shard(store.local_path(f"r/extract/{shard_name(i)}"))
         assert torch.equal(got.aux_hidden, _shard(i).aux_hidden)
@@ -37,15 +34,15 @@ def test_shards_are_stored_journaled_and_scratch_is_emptied(tmp_path):
 
 def test_a_failed_write_surfaces_and_earlier_shards_stay(tmp_path, monkeypatch):
     objects = ObjectWriter(LocalStore(tmp_path / "store"), "r", "extract")
-    real_put = objects.put_file
+    real_writer = objects.writer
 
-    def store_full_on_second(name, path, journal=True):  # test double: the store refuses shard 1
+    def store_full_on_second(name, journal=True):  # test double: the store refuses shard 1
         if name == shard_name(1):
             raise OSError("No space left on device")
-        return real_put(name, path, journal)
+        return real_writer(name, journal)
 
-    monkeypatch.setattr(objects, "put_file", store_full_on_second)
-    writer = ShardWriter(objects, tmp_path)
+    monkeypatch.setattr(objects, "writer", store_full_on_second)
+    writer = ShardWriter(objects)
     writer.submit(0, _shard(0))
     writer.submit(1, _shard(1))
     with pytest.raises(OSError, match="No space left"):
@@ -57,7 +54,7 @@ def test_a_failed_write_surfaces_and_earlier_shards_stay(tmp_path, monkeypatch):
 def test_a_failing_extraction_still_finishes_the_shard_in_flight(tmp_path):
     objects = ObjectWriter(LocalStore(tmp_path / "store"), "r", "extract")
     with pytest.raises(KeyboardInterrupt):
-        with ShardWriter(objects, tmp_path) as writer:
+        with ShardWriter(objects) as writer:
             writer.submit(0, _shard(0))
             raise KeyboardInterrupt  # e.g. the stage is stopped while shard 0 is being written
     assert sorted(objects.entries) == [shard_name(0)]  # journaled: a rerun adopts it
