@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,nohe
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$log"
 left() { echo $(( budget - ($(date +%s) - t0) )); }
 if [ "$mode" = quality ]; then
-  python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(left)" --steps "${3:-target,ours_bf16,spec,ours_fp8,plot}" \
+  python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(left)" --steps "${3:-target,spec_warm,ours_bf16,spec_data,spec,ours_fp8,plot}" \
     2>&1 | tee -a "$log"
   cp /tmp/e3q/target_meta.json "$OUT/" 2>/dev/null
 elif [ "$mode" = cuda-tests ]; then  # tests/cuda: compiled training, batched decoding, the train stage on CUDA

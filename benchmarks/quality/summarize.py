@@ -102,6 +102,9 @@ def summarize(done: dict[str, dict | None], status: dict[str, str], args: dict[s
             "train_wall_seconds": sp["train"]["wall_seconds"],
             "train_peak_memory_gib": sp["train"]["peak_memory_gib"],
         }
+    warm = done.get("spec_warm")
+    if warm:  # compiled on random samples before anything was timed (run_quality.step_spec_warm)
+        head.setdefault("speculators", {})["cold_start_seconds_6_steps"] = warm.get("cold_train_seconds_6_steps")
     if o16 and sp:
         head["ours_vs_speculators"] = {
             "acceptance_length_ratio": _ratio(head["ours_bf16"]["mean_acceptance_length"],
