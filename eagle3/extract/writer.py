@@ -21,17 +21,17 @@ class ShardWriter:
     so a rerun adopts them.
     """
 
-    def __init__(self, writer: ObjectWriter) -> None:
-        self.writer = writer
+    def __init__(self, objects: ObjectWriter) -> None:
+        self.objects = objects
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer")
         self._inflight: Future | None = None
         self.bytes_written = 0
         self.waited_s = 0.0  # seconds extraction spent waiting for the previous shard's write
 
     def _write(self, index: int, shard: HiddenShard) -> None:
-        with self.writer.writer(shard_name(index)) as sink:
+        with self.objects.writer(shard_name(index)) as sink:
             write_shard_to(sink, shard)  # type: ignore[arg-type]
-        self.bytes_written += self.writer.entries[shard_name(index)].size
+        self.bytes_written += self.objects.entries[shard_name(index)].size
 
     def wait(self) -> None:
         if self._inflight is not None:
