@@ -244,6 +244,18 @@ class StageOutput(ObjectWriter):
         self.entries[name] = e
         return e
 
+    def read_recovered(self, name: str) -> bytes | None:
+        """A recovered object's bytes, adopted into this attempt, if they still hash to what was
+        journaled; None when there is no such object or it no longer matches (write it again)."""
+        e = self._recovered.get(name)
+        if e is None:
+            return None
+        data = self.store.get_bytes(self._k(name))
+        if hashlib.sha256(data).hexdigest() != e.sha256:
+            return None
+        self.adopt(name)
+        return data
+
     def include(self, entry: ObjectEntry) -> None:
         """Carry an object another rank wrote (and journaled) into this attempt's manifest."""
         if self.store.size(self._k(entry.key)) != entry.size:  # None when missing

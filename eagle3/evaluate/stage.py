@@ -6,7 +6,9 @@ engine ``hf``: offline greedy speculative decoding with the HF target verifying 
 ``workers`` above 1, that many processes (:mod:`eagle3.evaluate.workers`) decode a share
 of the prompts each; with ``batch_size`` above 1, each process decodes its prompts
 ``batch_size`` at a time in lockstep (:mod:`eagle3.evaluate.batched`). The report is the
-same either way, assembled in prompt order.
+same either way, assembled in prompt order. Each prompt's result is journaled as it
+arrives (``prompts/prompt-NNNNNN.json``), so a rerun after a kill decodes only the prompts
+left and gives the same report.
 engine ``vllm``: the export served by vLLM, acceptance read from vLLM's own metrics.
 """
 
@@ -16,7 +18,7 @@ import json
 import sys
 import time
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -36,6 +38,11 @@ from eagle3.targets.settings import TargetSettings
 
 REPORT = "report.json"
 PLOT = "acceptance.png"
+PROMPT_DIR = "prompts"
+
+
+def prompt_key(index: int) -> str:
+    return f"{PROMPT_DIR}/prompt-{index:06d}.json"
 
 
 def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
@@ -63,11 +70,17 @@ class PromptResult:
     tokens_generated: int
 
 
+# decode(positions, [(prompt index, sample id, prompt token ids), ...]) -> one result per item
+Decode = Callable[[list[int], list[tuple[int, int, list[int]]]], list[PromptResult]]
+
+
 @contextmanager
 def open_hf_decoder(target_settings: TargetSettings, ev: EvaluateSettings, export_config: dict[str, Any],
-                    weights: Path) -> Iterator[Callable[[list[int], list[tuple[int, list[int]]]], list[PromptResult]]]:
-    """Load target + drafter on ``ev.device``; yield ``decode(indices, [(sample_id, prompt), ...])``.
+                    weights: Path) -> Iterator[Decode]:
+    """Load target + drafter on ``ev.device``; yield ``decode(positions, [(index, sample_id, prompt), ...])``.
 
+    ``index`` is the prompt's place among all held-out prompts (a resumed run decodes a
+    subset; ``positions`` are places in that subset and are not used here).
     Opened once per decoding process (this one, or each worker of :mod:`eagle3.evaluate.workers`).
     A batch of more than one prompt is decoded in lockstep by the batched decoder (exactly what
     one at a time gives; a target it cannot mask is decoded one at a time, said once on stderr).
@@ -104,11 +117,11 @@ def open_hf_decoder(target_settings: TargetSettings, ev: EvaluateSettings, expor
                 row["matches_greedy"] = r.tokens == greedy_generate(target, prompt, ev.max_new_tokens, eos)
             return PromptResult(row, r.accept_lengths, r.accepted_at, len(r.tokens))
 
-        def decode(indices: list[int], items: list[tuple[int, list[int]]]) -> list[PromptResult]:
-            prompts = [prompt for _, prompt in items]
+        def decode(positions: list[int], items: list[tuple[int, int, list[int]]]) -> list[PromptResult]:
+            prompts = [prompt for _, _, prompt in items]
             decoded = ([decoder.generate(prompts[0], ev.max_new_tokens)] if batched is None or len(items) == 1
                        else batched.generate_batch(prompts, ev.max_new_tokens))
-            return [result(i, sid, prompt, r) for i, (sid, prompt), r in zip(indices, items, decoded)]
+            return [result(i, sid, prompt, r) for (i, sid, prompt), r in zip(items, decoded)]
 
         yield decode
 
@@ -135,32 +148,58 @@ def _check_workers_fit(ev: EvaluateSettings, target_settings: TargetSettings, wo
                          "over all GPUs; set evaluate.workers to 1")
 
 
-def _evaluate_hf(ctx: StageContext, prompts: list[list[int]], sample_ids: list[int]) -> dict[str, Any]:
+def _recovered_results(ctx: StageContext, sample_ids: list[int]) -> list[PromptResult | None]:
+    """Results a killed attempt journaled (same input key), by prompt index; None where missing."""
+    out = ctx.output
+    results: list[PromptResult | None] = [None] * len(sample_ids)
+    if out is None:
+        return results
+    for i, sid in enumerate(sample_ids):
+        data = out.read_recovered(prompt_key(i))
+        if data is None:
+            continue
+        try:
+            r = PromptResult(**json.loads(data))
+        except (ValueError, TypeError):
+            continue  # unreadable: decoded again and overwritten
+        if r.row.get("id") == sid:
+            results[i] = r
+    return results
+
+
+def _evaluate_hf(ctx: StageContext, prompts: list[list[int]], sample_ids: list[int]) -> tuple[dict[str, Any], int]:
+    """The report, and how many prompts' results a killed attempt had already journaled."""
     from eagle3.evaluate.workers import batches, decode_here, decode_in_workers
 
-    ev = ctx.cfg.evaluate
+    ev, out = ctx.cfg.evaluate, ctx.output
+    assert out is not None
     config = ctx.upstream_json("export", EXPORT_CONFIG)
     args = (ctx.cfg.target, ev, config, ctx.upstream_path("export", EXPORT_MODEL))
-    items = list(zip(sample_ids, prompts))
-    workers = min(ev.workers, len(batches(len(items), ev.batch_size)))
-    _check_workers_fit(ev, ctx.cfg.target, workers)
+    results = _recovered_results(ctx, sample_ids)
+    resumed = sum(r is not None for r in results)
+    items = [(i, sample_ids[i], prompts[i]) for i, r in enumerate(results) if r is None]
     t0 = time.perf_counter()  # loading included: each worker loads its own target + drafter
-    stream = (decode_in_workers(open_hf_decoder, args, items, workers, batch_size=ev.batch_size) if workers > 1
-              else decode_here(open_hf_decoder, args, items, ev.batch_size))
-    results: list[PromptResult | None] = [None] * len(items)
-    length_sum = steps = 0
-    with closing(stream):
-        for done, (i, r) in enumerate(stream, 1):
-            results[i] = r
-            length_sum, steps = length_sum + sum(r.accept_lengths), steps + len(r.accept_lengths)
-            ctx.progress(done, len(items), "prompts", mean_acceptance_length=round(length_sum / max(steps, 1), 3))
+    length_sum = sum(sum(r.accept_lengths) for r in results if r is not None)
+    steps = sum(len(r.accept_lengths) for r in results if r is not None)
+    if items:
+        workers = min(ev.workers, len(batches(len(items), ev.batch_size)))
+        _check_workers_fit(ev, ctx.cfg.target, workers)
+        stream = (decode_in_workers(open_hf_decoder, args, items, workers, batch_size=ev.batch_size) if workers > 1
+                  else decode_here(open_hf_decoder, args, items, ev.batch_size))
+        with closing(stream):
+            for done, (j, r) in enumerate(stream, resumed + 1):
+                i = items[j][0]
+                out.put_json(prompt_key(i), asdict(r))  # journaled: a rerun keeps it
+                results[i] = r
+                length_sum, steps = length_sum + sum(r.accept_lengths), steps + len(r.accept_lengths)
+                ctx.progress(done, len(prompts), "prompts", mean_acceptance_length=round(length_sum / max(steps, 1), 3))
     missing = [i for i, r in enumerate(results) if r is None]
     if missing:  # the worker machinery counts results, so this is a bug, said plainly
         raise StageError(f"evaluate: no result for prompts {missing}")
     report = hf_report(ev.num_draft_tokens, results)  # type: ignore[arg-type]
     report["decode_s"] = round(time.perf_counter() - t0, 3)
     report["aux_layer_ids"] = drafter_config_from_export(config).aux_layer_ids
-    return report
+    return report, resumed
 
 
 def _evaluate_vllm(ctx: StageContext, prompts: list[list[int]]) -> dict[str, Any]:
@@ -191,7 +230,11 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if not prompts:
         raise StageError("evaluate: no prompts to evaluate on")
     sample_ids = [p.sample_id for p in held.prompts]
-    report = _evaluate_vllm(ctx, prompts) if ev.engine == "vllm" else _evaluate_hf(ctx, prompts, sample_ids)
+    resumed = 0
+    if ev.engine == "vllm":
+        report = _evaluate_vllm(ctx, prompts)
+    else:
+        report, resumed = _evaluate_hf(ctx, prompts, sample_ids)
     report = {"engine": ev.engine, "num_prompts": len(prompts), "prompt_source": held.source,
               "held_out": held.held_out, "max_new_tokens": ev.max_new_tokens, **report}
     if report.get("greedy_check") and not report["greedy_check"]["all_match"]:
@@ -207,6 +250,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     stats["acceptance_rate_per_position"] = report["acceptance_rate_per_position"]
     if report.get("greedy_check"):
         stats["greedy_all_match"] = report["greedy_check"]["all_match"]
+    stats["prompts_resumed"] = resumed
     return stats
 
 

@@ -94,6 +94,46 @@ def test_workers_give_the_report_of_one_process(tmp_path, tiny_target_dir):
     assert two["greedy_check"] == {"prompts_checked": 3, "prompts_matching": 3, "all_match": True}
 
 
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_evaluation_decodes_only_the_prompts_left(tmp_path, tiny_target_dir, monkeypatch):
+    from contextlib import contextmanager
+
+    cfg = exported_run(tmp_path, tiny_target_dir("llama"), **{"evaluate.batch_size": 2})
+    store = open_store(cfg.store.uri)
+    run_stage(cfg, "evaluate")
+    clean = json.loads(store.get_bytes("t/evaluate/report.json"))
+
+    real_put = StageOutput.put_json
+
+    def killed_at_the_third_prompt(self, name, obj, journal=True):
+        if name == evaluate_stage.prompt_key(2):
+            raise Killed()
+        return real_put(self, name, obj, journal)
+
+    monkeypatch.setattr(StageOutput, "put_json", killed_at_the_third_prompt)
+    with pytest.raises(Killed):
+        run_stage(cfg, "evaluate", force=True)  # a fresh attempt, killed after prompts 0 and 1 were journaled
+    monkeypatch.setattr(StageOutput, "put_json", real_put)
+    assert not verify_stage(store, "t", "evaluate").complete
+
+    decoded, real_open = [], evaluate_stage.open_hf_decoder
+
+    @contextmanager
+    def counting_decoder(*args):  # the real decoder, noting which prompts it is given
+        with real_open(*args) as decode:
+            yield lambda positions, items: decoded.extend(i for i, _, _ in items) or decode(positions, items)
+
+    monkeypatch.setattr(evaluate_stage, "open_hf_decoder", counting_decoder)
+    stats = run_stage(cfg, "evaluate")
+    assert decoded == [2, 3] and stats["prompts_resumed"] == 2
+    resumed = json.loads(store.get_bytes("t/evaluate/report.json"))
+    assert without_timing(resumed) == without_timing(clean)
+    assert verify_stage(store, "t", "evaluate", deep=True, content_check=evaluate_stage.deep_check).complete
+
+
 def commit_export_with_d2t_outside_the_target_vocab(cfg, tmp_path):
     """Re-commit export with every draft id mapped beyond the target's vocab (a corrupted drafter)."""
     from safetensors.torch import load_file, save_file
