@@ -26,9 +26,10 @@ import torch
 class Batcher:
     """Collects requests from handler threads; one worker thread runs batched generate."""
 
-    def __init__(self, model, tokenizer, device: torch.device, max_batch: int, wait_s: float = 0.05):
+    def __init__(self, model, tokenizer, device: torch.device, max_batch: int, wait_s: float = 0.1,
+                 max_wait_s: float = 3.0):
         self.model, self.tok, self.device = model, tokenizer, device
-        self.max_batch, self.wait_s = max_batch, wait_s
+        self.max_batch, self.wait_s, self.max_wait_s = max_batch, wait_s, max_wait_s
         self.q: queue.Queue = queue.Queue()
         self.generated_tokens = 0
         self.batches = 0
@@ -40,12 +41,19 @@ class Batcher:
         return fut
 
     def _take(self) -> list:
+        """A batch: requests keep joining until ``max_batch``, a gap of ``wait_s`` with no new
+        request, or ``max_wait_s`` after the first. Every generate call costs the full
+        ``max_tokens`` steps whatever its size, so a wave of requests still arriving (the
+        client's next 1,024 after a batch finished, each rendered by a handler thread) must
+        be gathered whole, not cut after a fixed 50 ms into many small batches."""
         items = [self.q.get()]
-        deadline = time.monotonic() + self.wait_s
+        last_deadline = time.monotonic() + self.max_wait_s
         while len(items) < self.max_batch:
-            left = deadline - time.monotonic()
+            left = min(self.wait_s, last_deadline - time.monotonic())
+            if left <= 0:
+                break
             try:
-                items.append(self.q.get(timeout=max(0.0, left)) if left > 0 else self.q.get_nowait())
+                items.append(self.q.get(timeout=left))
             except queue.Empty:
                 break
         return items
@@ -54,7 +62,10 @@ class Batcher:
         while True:
             items = self._take()
             try:
+                t0 = time.monotonic()
                 outs = self._generate([i[0] for i in items], max(i[1] for i in items))
+                print(f"serve_batched: batch {self.batches} of {len(items)} requests, "
+                      f"{sum(len(t) for t, _ in outs)} tokens in {time.monotonic() - t0:.1f}s", flush=True)
                 for (ids, max_tokens, fut), (toks, stopped) in zip(items, outs):
                     finish = "stop" if stopped and len(toks) <= max_tokens else "length"
                     fut.set_result((toks[:max_tokens], finish))
