@@ -11,6 +11,7 @@ from typing import Annotated, Any, Callable, Optional, TypeVar
 import typer
 
 from eagle3.config import PipelineConfig, load_config
+from eagle3.cli.launch import record_exit_code
 from eagle3.errors import Eagle3Error
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Pipeline config (YAML).")]
@@ -38,6 +39,7 @@ def one_line_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except Eagle3Error as e:
+            record_exit_code(e.exit_code)  # under eagle3-torchrun: the pod exits with it, not torchrun's 1
             if os.environ.get("EAGLE3_DEBUG"):
                 raise
             typer.echo(f"error: {e}", err=True)

@@ -112,7 +112,8 @@ class LocalBackend(Backend):
             args += ["--endpoint", endpoint]
         nproc = self._procs(stage) if stage in ("extract", "train") else 1
         if nproc > 1:
-            return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
+            # eagle3-torchrun: torchrun that keeps the stage's exit code (2 = bad input), not its 1
+            return [sys.executable, "-m", "eagle3.cli.launch", "--standalone", "--nproc-per-node", str(nproc), *args]
         return [sys.executable, *args]
 
     def _procs(self, stage: str) -> int:

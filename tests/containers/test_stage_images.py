@@ -137,3 +137,12 @@ def test_verify_deep_checks_every_manifest(runner: StageRunner, moto_s3: MotoS3,
     assert res.returncode == 0, res.explain()
     for stage in ("generate", *STAGES_AFTER_GENERATE):
         assert f"{stage}: ok" in res.stdout, res.explain()
+
+
+def test_the_image_launches_torchrun_keeping_a_config_errors_exit_code(runner: StageRunner) -> None:
+    """The chart runs extract and train as ``eagle3-torchrun …``: a bad config ends the pod with 2
+    (the Job's podFailurePolicy: FailJob), not torchrun's generic 1 (retried)."""
+    res = runner.run(["--standalone", "--nproc-per-node=2", "-m", "eagle3.cli.stage", "stage", "extract",
+                      "-c", "/config/missing.yaml"], entrypoint="eagle3-torchrun")
+    assert res.returncode == 2, res.explain()
+    assert "error: " in res.stderr, res.explain()

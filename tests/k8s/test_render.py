@@ -154,7 +154,7 @@ def test_multi_node_train_runs_torchrun_over_an_indexed_job(prod_cfg):
         spec = job["spec"]["template"]["spec"]
         assert spec["subdomain"] == svc["metadata"]["name"]
         cmd = spec["containers"][0]["command"]
-        assert cmd[0] == "torchrun" and "--nnodes=2" in cmd and "--nproc-per-node=8" in cmd
+        assert cmd[0] == "eagle3-torchrun" and "--nnodes=2" in cmd and "--nproc-per-node=8" in cmd
         assert "--node-rank=$(JOB_COMPLETION_INDEX)" in cmd
         assert f"--master-addr={job['metadata']['name']}-0.{svc['metadata']['name']}" in cmd
         assert cmd[cmd.index("-m") + 1:][:3] == ["eagle3.cli.stage", "stage", stage]
@@ -168,7 +168,7 @@ def test_one_node_runs_extract_and_train_under_torchrun_on_every_gpu(prod_cfg):
         job = by_name(objects, "Job", f"-{stage}")
         assert "completionMode" not in job["spec"]
         cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
-        assert cmd[:3] == ["torchrun", "--standalone", "--nproc-per-node=8"]
+        assert cmd[:3] == ["eagle3-torchrun", "--standalone", "--nproc-per-node=8"]
         assert cmd[cmd.index("-m") + 1:][:3] == ["eagle3.cli.stage", "stage", stage]
     assert by_name(objects, "Job", "-evaluate")["spec"]["template"]["spec"]["containers"][0]["command"][0] == "eagle3"
 

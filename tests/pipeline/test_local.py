@@ -91,13 +91,13 @@ def test_down_from_another_shell_stops_what_state_json_records(backend, tmp_path
 def test_train_uses_torchrun_for_more_than_one_process(backend):
     backend.cfg.train.nproc_per_node = 2
     cmd = backend.stage_command("train")
-    assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    assert cmd[1:6] == ["-m", "eagle3.cli.launch", "--standalone", "--nproc-per-node", "2"]
     assert cmd[6:10] == ["-m", "eagle3", "stage", "train"]
     backend.cfg.train.nproc_per_node = 1
     assert backend.stage_command("train")[1:5] == ["-m", "eagle3", "stage", "train"]
-    assert "torch.distributed.run" not in backend.stage_command("extract")  # auto: this machine has no GPU
+    assert "eagle3.cli.launch" not in backend.stage_command("extract")  # auto: this machine has no GPU
     backend.cfg.extract.nproc_per_node = 2  # extraction deals its shards to the processes
-    assert backend.stage_command("extract")[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    assert backend.stage_command("extract")[1:6] == ["-m", "eagle3.cli.launch", "--standalone", "--nproc-per-node", "2"]
     backend.cfg.extract.nproc_per_node, backend.cfg.extract.device = "auto", "cpu"
     assert "torch.distributed.run" not in backend.stage_command("extract")
     assert "torch.distributed.run" not in backend.stage_command("generate")
