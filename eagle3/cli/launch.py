@@ -51,6 +51,8 @@ def launch(torchrun_args: list[str]) -> int:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+        if rc < 0:  # torchrun itself killed by a signal: the shell's convention, 128 + signal
+            return 128 - rc
         if rc != 0 and code_file.exists():
             try:
                 return int(code_file.read_text().split()[0])
