@@ -55,6 +55,15 @@ def test_wrong_type_names_the_field(tmp_path: Path) -> None:
         load_config(_yaml(tmp_path, "vocab:\n  draft_vocab_size: lots\n"))
 
 
+def test_processes_per_node_is_a_count_or_auto(tmp_path: Path) -> None:
+    cfg = load_config(_yaml(tmp_path, "extract:\n  nproc_per_node: '4'\ntrain:\n  nproc_per_node: auto\n"))
+    assert cfg.extract.nproc_per_node == 4 and cfg.train.nproc_per_node == "auto"
+    for bad in ("lots", 0):
+        with pytest.raises(ConfigError) as e:
+            load_config(_yaml(tmp_path, f"train:\n  nproc_per_node: {bad}\n"))
+        assert _one_line_error(e).endswith(f"train.nproc_per_node: must be a positive number or 'auto', not {bad!r}")
+
+
 @pytest.mark.parametrize(
     ("uri", "why"),
     [

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from eagle3.processes import ProcsPerNode
+
 
 class ExtractSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -14,6 +16,6 @@ class ExtractSettings(BaseModel):
     storage_dtype: str = Field("bfloat16", pattern="^(bfloat16|float8_e4m3fn|float32)$",
                                description="bfloat16, or float8_e4m3fn with a per-row scale (half the bytes).")
     device: str = Field("auto", description="auto, cpu, cuda, or cuda:N.")
-    nproc_per_node: int | str = Field("auto", description="Processes per node (torchrun; auto = GPUs, or 1 on CPU): the "
+    nproc_per_node: ProcsPerNode = Field("auto", description="Processes per node (torchrun; auto = GPUs, or 1 on CPU): the "
                                       "shards are dealt to them, each on its own GPU; a target too large for one GPU "
                                       "is spread over the node's GPUs by local rank 0 alone.")

@@ -25,9 +25,10 @@ import yaml
 
 from eagle3.config import PipelineConfig
 from eagle3.context import PROGRESS_TAG
-from eagle3.errors import ConfigError, StageError
+from eagle3.errors import StageError
 from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.pipeline.runstate import RunState, pid_alive
+from eagle3.processes import processes_per_node
 from eagle3.serve.process import ServerProcess, group_alive, last_line, proc_cmdline, stop_process_group
 from eagle3.serve.vllm import choose_engine, gpu_count, vllm_command
 
@@ -119,13 +120,7 @@ class LocalBackend(Backend):
     def _procs(self, stage: str) -> int:
         """torchrun processes of a GPU stage: its nproc_per_node (auto = this machine's GPUs, 1 on CPU)."""
         settings = getattr(self.cfg, stage)
-        n = settings.nproc_per_node
-        if n == "auto":
-            return 1 if settings.device == "cpu" else max(1, self.gpu_count())
-        try:
-            return int(n)
-        except ValueError:
-            raise ConfigError(f"{stage}.nproc_per_node must be a number or 'auto', not {n!r}") from None
+        return processes_per_node(settings.nproc_per_node, settings.device, self.gpu_count)
 
     def submit(self, stage: str, endpoint: str | None = None) -> StageHandle:
         log = self.logs_dir / f"{stage}.log"

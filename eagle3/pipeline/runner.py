@@ -48,10 +48,6 @@ def preflight(cfg: PipelineConfig, selection: Selection) -> None:
             raise ConfigError("serve.engine is 'vllm' but vLLM is not installed here; use engine: auto or transformers")
     if cfg.backend == "local":
         _check_local_inputs(cfg, selection)
-    for stage in ("extract", "train"):
-        n = getattr(cfg, stage).nproc_per_node
-        if isinstance(n, str) and n != "auto" and not n.isdigit():
-            raise ConfigError(f"{stage}.nproc_per_node must be a number or 'auto', not {n!r}")
 
 
 def _check_local_inputs(cfg: PipelineConfig, selection: Selection) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from eagle3.processes import ProcsPerNode
+
 
 class TrainSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -23,7 +25,7 @@ class TrainSettings(BaseModel):
     log_every: int = Field(10, ge=1)
     seed: int = Field(0)
     device: str = Field("auto", description="auto, cpu, cuda.")
-    nproc_per_node: int | str = Field("auto", description="torchrun processes per node (auto = GPUs, or 1 on CPU).")
+    nproc_per_node: ProcsPerNode = Field("auto", description="torchrun processes per node (auto = GPUs, or 1 on CPU).")
     strategy: str = Field("ddp", pattern="^(ddp|fsdp)$", description="ddp, or fsdp for large drafters.")
     compile: bool = Field(True, description="On CUDA: torch.compile the drafter layer and the fused draft-head KL "
                           "(each falls back to eager, with one warning, where it cannot compile). Not with fsdp.")
