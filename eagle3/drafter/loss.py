@@ -146,14 +146,13 @@ class TTTObjective(nn.Module):
     def eager(self) -> Iterator[None]:
         """Uncompiled, SDPA attention inside: for a few held-out batches, compiling no-grad
         variants of every graph would cost more than it saves."""
-        layer = self.drafter.midlayer
-        saved = self.compiled, self.attention, layer._before, layer._after
+        saved = self.compiled, self.attention
         self.compiled, self.attention = False, "sdpa"
-        layer._before, layer._after = layer.before_attention, layer.after_attention
         try:
-            yield
+            with self.drafter.midlayer.eager():
+                yield
         finally:
-            self.compiled, self.attention, layer._before, layer._after = saved
+            self.compiled, self.attention = saved
 
     def forward(self, input_ids: Tensor, aux_hidden: Tensor, final_hidden: Tensor, loss_mask: Tensor) -> tuple[Tensor, ...]:
         assert self.teacher_head is not None, "set TTTObjective.teacher_head first"

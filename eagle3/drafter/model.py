@@ -16,6 +16,8 @@ rows <= t of step 0 and to row t of steps 1..k (exactly what decoding sees).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field
 from typing import Any
 
@@ -252,6 +254,16 @@ class Eagle3DecoderLayer(nn.Module):
 
         self._before = Compiled(self.before_attention, "drafter layer (before attention)", dynamic=True, **kwargs)
         self._after = Compiled(self.after_attention, "drafter layer (after attention)", dynamic=True, **kwargs)
+
+    @contextmanager
+    def eager(self) -> Iterator[None]:
+        """Both halves uncompiled inside (compiled ones come back after)."""
+        saved = self._before, self._after
+        self._before, self._after = self.before_attention, self.after_attention
+        try:
+            yield
+        finally:
+            self._before, self._after = saved
 
 
 class Eagle3Drafter(nn.Module):

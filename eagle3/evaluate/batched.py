@@ -177,7 +177,7 @@ class BatchedSpeculativeDecoder:
             ids[i, : len(p)] = torch.tensor(p, device=dev)
         pos = torch.arange(width, device=dev)[None].expand(b, width)  # [B, W]
         valid = pos < lens[:, None]
-        target_cache, target_slots = new_cache(self.target), Slots(b, dev)
+        target_cache, target_slots = new_cache(), Slots(b, dev)
         greedy, aux = self._target(ids, pos, valid, target_slots, target_cache)
         bonus = greedy[torch.arange(b, device=dev), lens - 1]  # [B]
         rows = [_Row(i, len(p), list(p) + [int(t)], DecodeResult(tokens=[], accepted_at=[0] * k))

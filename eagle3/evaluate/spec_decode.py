@@ -44,8 +44,8 @@ def _cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def new_cache(model: Any) -> Any:
-    """A plain DynamicCache: every layer keeps every position, so rejected drafts can be
+def new_cache() -> Any:
+    """The target's KV cache: a plain DynamicCache, every layer keeps every position, so rejected drafts can be
     cropped away. (``DynamicCache(config=...)`` gives sliding-window layers that refuse to
     crop once the window is full; the model's own masks apply the window either way.)"""
     from transformers import DynamicCache
@@ -107,7 +107,7 @@ class SpeculativeDecoder:
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int) -> DecodeResult:
         result = DecodeResult(tokens=[], accepted_at=[0] * self.k)
-        target_cache, draft_cache = new_cache(self.target), KVCache()
+        target_cache, draft_cache = new_cache(), KVCache()
         greedy, pending_aux = self._target(prompt, target_cache)
         seq = list(prompt) + [greedy[-1]]
         drafted_rows = 0  # m: rows the drafter's cache holds
@@ -139,7 +139,7 @@ class SpeculativeDecoder:
 def greedy_generate(target: Any, prompt: list[int], max_new_tokens: int, eos_ids: set[int]) -> list[int]:
     """Plain greedy decoding with the target, one token per forward (the reference output)."""
     kw = _cache_kwarg(target)
-    cache = new_cache(target)
+    cache = new_cache()
     device = target.get_input_embeddings().weight.device
     ids, generated = list(prompt), []
     while not _done(generated, max_new_tokens, eos_ids):

@@ -3,9 +3,10 @@
 Shards stream to the store as they are made: shard k goes from host memory straight
 into the store (hashed on the way) on a background thread while shard k+1 is extracted
 (host memory: two shards per process; no local disk). Shard boundaries are a pure
-function of sample lengths and ``shard_tokens``, so a rerun with the same input key adopts the shards a killed attempt
-finished and computes only the rest: no sample is lost or written twice. Under torchrun
-the shards left are dealt to the ranks (:mod:`eagle3.extract.parallel`).
+function of sample lengths and ``shard_tokens``, so a rerun with the same input key
+adopts the shards a killed attempt finished and computes only the rest: no sample is
+lost or written twice. Under torchrun the shards left are dealt to the ranks
+(:mod:`eagle3.extract.parallel`).
 """
 
 from __future__ import annotations
