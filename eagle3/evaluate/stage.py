@@ -184,8 +184,9 @@ def _evaluate_hf(ctx: StageContext, prompts: list[list[int]], sample_ids: list[i
     if items:
         workers = min(ev.workers, len(batches(len(items), ev.batch_size)))
         _check_workers_fit(ev, ctx.cfg.target, workers)
-        stream = (decode_in_workers(open_hf_decoder, args, items, workers, batch_size=ev.batch_size) if workers > 1
-                  else decode_here(open_hf_decoder, args, items, ev.batch_size))
+        labels = [i for i, _, _ in items]  # failures name the prompt, not its place among those left
+        stream = (decode_in_workers(open_hf_decoder, args, items, workers, batch_size=ev.batch_size, labels=labels)
+                  if workers > 1 else decode_here(open_hf_decoder, args, items, ev.batch_size))
         with closing(stream):
             for done, (j, r) in enumerate(stream, resumed + 1):
                 i = items[j][0]

@@ -61,8 +61,14 @@ def decode_here(open_decoder: OpenDecoder, args: tuple, items: list[Any],
             yield from zip(batch, _decode(decode, batch, items))
 
 
-def _where(batch: range, unit: str) -> str:
-    return f"on {unit} {batch[0]}" if len(batch) == 1 else f"on {unit}s {batch[0]}-{batch[-1]}"
+def _where(batch: range, unit: str, labels: list[int] | None) -> str:
+    """The batch's items by label (their place among all items, e.g. a resumed run's prompts)."""
+    names = [labels[i] for i in batch] if labels is not None else list(batch)
+    if len(names) == 1:
+        return f"on {unit} {names[0]}"
+    if names == list(range(names[0], names[-1] + 1)):
+        return f"on {unit}s {names[0]}-{names[-1]}"
+    return f"on {unit}s {', '.join(map(str, names))}"
 
 
 def one_line(e: BaseException) -> str:
@@ -71,7 +77,7 @@ def one_line(e: BaseException) -> str:
 
 
 def _worker(wid: int, open_decoder: OpenDecoder, args: tuple, items: list[Any], tasks: Any, results: Any,
-            current: Any, threads: int, unit: str, batch_size: int) -> None:
+            current: Any, threads: int, unit: str, batch_size: int, labels: list[int] | None) -> None:
     def stop(signum: int, frame: Any) -> None:  # terminate(): unwind, so finalizers release what this process holds
         results.cancel_join_thread()  # the parent reads no more: exit must not wait on the pipe
         if working:  # afterwards the process is exiting already; raising would only interrupt that
@@ -90,7 +96,7 @@ def _worker(wid: int, open_decoder: OpenDecoder, args: tuple, items: list[Any], 
                     results.cancel_join_thread()
                     return
                 batch = todo[i]
-                current[wid], where = i, _where(batch, unit)
+                current[wid], where = i, _where(batch, unit, labels)
                 results.put(("done", wid, list(batch), _decode(decode, batch, items)))
             where = "while closing"
     except Exception as e:  # reported, not raised: the parent decides, and says it in one line
@@ -100,8 +106,11 @@ def _worker(wid: int, open_decoder: OpenDecoder, args: tuple, items: list[Any], 
 
 
 def decode_in_workers(open_decoder: OpenDecoder, args: tuple, items: list[Any], workers: int,
-                      stage: str = "evaluate", unit: str = "prompt", batch_size: int = 1) -> Iterator[tuple[int, Any]]:
+                      stage: str = "evaluate", unit: str = "prompt", batch_size: int = 1,
+                      labels: list[int] | None = None) -> Iterator[tuple[int, Any]]:
     """``workers`` spawned processes, each with its own decoder, share ``items`` in batches.
+
+    Failures name items by ``labels`` (default: their place in ``items``).
 
     Torch threads are split between them (``max(1, this process's threads // workers)``) so
     CPU runs do not oversubscribe the cores. Raises :class:`StageError` on the first failure.
@@ -118,7 +127,7 @@ def decode_in_workers(open_decoder: OpenDecoder, args: tuple, items: list[Any], 
     current = mp.Array("q", [-1] * workers, lock=False)  # the batch each worker took last
     threads = max(1, torch.get_num_threads() // workers)
     procs = [mp.Process(target=_worker, args=(w, open_decoder, args, items, tasks, results, current, threads, unit,
-                                                         batch_size),
+                                              batch_size, labels),
                         name=f"{stage}-worker-{w}", daemon=True) for w in range(workers)]
     for p in procs:
         p.start()
@@ -129,7 +138,7 @@ def decode_in_workers(open_decoder: OpenDecoder, args: tuple, items: list[Any], 
             try:
                 msg = results.get(timeout=POLL_S)
             except queue.Empty:
-                quiet_polls = _check_workers(procs, current, todo, pending, quiet_polls, stage, unit)
+                quiet_polls = _check_workers(procs, current, todo, pending, quiet_polls, stage, unit, labels)
                 continue
             if msg[0] == "error":
                 _, w, where, line, tb = msg
@@ -143,11 +152,11 @@ def decode_in_workers(open_decoder: OpenDecoder, args: tuple, items: list[Any], 
 
 
 def _check_workers(procs: list[Any], current: Any, todo: list[range], pending: int, quiet_polls: int, stage: str,
-                   unit: str) -> int:
+                   unit: str, labels: list[int] | None) -> int:
     """Raise for a worker that died; returns the count of quiet polls since every worker exited."""
     for w, p in enumerate(procs):
         if p.exitcode not in (None, 0):
-            where = _where(todo[current[w]], unit) if current[w] >= 0 else "while loading"
+            where = _where(todo[current[w]], unit, labels) if current[w] >= 0 else "while loading"
             raise StageError(f"{stage} worker {w} died (exit code {p.exitcode}) {where}")
     if any(p.exitcode is None for p in procs):
         return 0

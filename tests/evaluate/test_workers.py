@@ -69,3 +69,14 @@ def test_a_failing_worker_is_one_line_and_every_worker_stops(kwargs, message):
     if "exit_on" not in kwargs:
         assert isinstance(e.value.__cause__, WorkerTraceback) and "Traceback" in str(e.value.__cause__)
     assert not multiprocessing.active_children()
+
+
+def test_failures_name_items_by_their_labels():
+    from eagle3.evaluate.workers import _where
+
+    assert _where(range(3, 6), "prompt", None) == "on prompts 3-5"
+    # A resumed evaluation decodes the prompts left (here 2, 5, 6, 7): position 1 is prompt 5.
+    labels = [2, 5, 6, 7]
+    assert _where(range(1, 2), "prompt", labels) == "on prompt 5"
+    assert _where(range(1, 4), "prompt", labels) == "on prompts 5-7"
+    assert _where(range(0, 2), "prompt", labels) == "on prompts 2, 5"
