@@ -22,6 +22,7 @@ import json
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -123,15 +124,13 @@ def extract_all(model: Any, data: Any, shards: list[Any], batch_tokens: int, sto
         out.begin()
         writer = ShardWriter(out)
     t0 = time.perf_counter()
-    with HiddenCapture(stack, default_aux_layer_ids(n_layers)) as capture:
+    with HiddenCapture(stack, default_aux_layer_ids(n_layers)) as capture, writer or nullcontext():
         for p in shards:
             shard = extract_shard(capture, data, p, hidden, batch_tokens, storage, stats, staging)
             if writer is not None:
                 writer.submit(p.index, shard)
             del shard
-        if writer is not None:
-            writer.close()
-    wall = time.perf_counter() - t0
+    wall = time.perf_counter() - t0  # with a writer: until its last shard is stored
     return {"wall_s": wall, "batches_s": stats.batches_s, "write_wait_s": writer.waited_s if writer else 0.0,
             "real_tokens": stats.real_tokens, "padded_tokens": stats.padded_tokens,
             "shard_bytes": writer.bytes_written if writer else 0}

@@ -200,7 +200,7 @@ class Bench:
         return {"data": str(data), "seconds": round(time.monotonic() - t0, 1)}
 
     def spec_train_cmd(self, data: Path, save: Path, export: Path, out_json: Path, aux: list[str],
-                       extra: list[str] = ()) -> list[str]:
+                       extra: tuple[str, ...] = ()) -> list[str]:
         """speculators' trainer on ``data``, configured like our drafter (spec_train.py)."""
         a = self.a
         cmd = [self.py, str(HERE / "spec_train.py"), "--target", str(self.work / "target"), "--data", str(data),
@@ -209,7 +209,7 @@ class Bench:
                "--warmup-steps", str(a.warmup_steps), "--epochs", str(int(round(a.epochs))),
                "--total-seq-len", str(a.batch_tokens), "--num-workers", "0" if a.tiny else "8"]
         if a.tiny:  # no GPU: speculators' trainer needs one; save its initialized drafter instead
-            extra = ["--draft-attn-impl", "sdpa", "--dry-run", *extra]
+            extra = ("--draft-attn-impl", "sdpa", "--dry-run", *extra)
             save.mkdir(parents=True, exist_ok=True)
         return cmd + (["--", *extra] if extra else [])
 
@@ -250,7 +250,7 @@ class Bench:
             raise StepFailed("spec_data.py failed on the warm-up samples")
         t1 = time.monotonic()
         cmd = self.spec_train_cmd(warm / "data", warm / "ckpt", warm / "export", warm / "train.json", aux,
-                                  ["--max-steps", "6"])
+                                  ("--max-steps", "6"))
         if self.sh(cmd, reserve_s=30) != 0:
             raise StepFailed("speculators' warm-up training failed")
         return {"samples": len(samples), "data_seconds": round(t1 - t0, 1),
