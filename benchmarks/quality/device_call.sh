@@ -3,7 +3,9 @@
 #   bash benchmarks/quality/device_call.sh benches BUDGET_S               # issue 3: bench_extract + bench_train (8B + quality shape)
 #   bash benchmarks/quality/device_call.sh extract [LIMIT_S]              # issue 3: bench_extract alone (~250 s)
 #   bash benchmarks/quality/device_call.sh cuda-tests [LIMIT_S]           # tests/cuda on the GPU
-#   bash benchmarks/quality/device_call.sh quality BUDGET_S STEPS         # issue 8 steps (resumable in /tmp/e3q)
+#   bash benchmarks/quality/device_call.sh quality BUDGET_S [STEPS [FLAGS]] # issue 8 steps (resumable in /tmp/e3q);
+#        FLAGS go to run_quality.py. speculators' inductor cache comes back as $OUT/spec_inductor.tar.part-*;
+#        put those files in .inductor/ and carry [".whl", ".inductor"] to start the next machine warm.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
 # Missing Python packages travel as wheels in .whl/ (carry: [".whl"]) and go to /tmp/site.
 set -o pipefail
@@ -19,9 +21,17 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,nohe
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$log"
 left() { echo $(( budget - ($(date +%s) - t0) )); }
 if [ "$mode" = quality ]; then
-  python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(left)" --steps "${3:-target,spec_warm,ours_bf16,spec_data,spec,ours_fp8,plot}" \
+  if ls .inductor/spec_inductor.tar.part-* >/dev/null 2>&1 && [ ! -d /tmp/e3q/inductor ]; then
+    mkdir -p /tmp/e3q && cat .inductor/spec_inductor.tar.part-* | tar -x -C /tmp/e3q && echo "carried inductor cache unpacked" | tee -a "$log"
+  fi
+  steps="${3:-target,spec_warm,prep,spec_data,train_ours,train_spec,evaluate,ours_fp8,plot}"
+  shift $(( $# < 3 ? $# : 3 ))
+  python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(( $(left) - 15 ))" --steps "$steps" "$@" \
     2>&1 | tee -a "$log"
   cp /tmp/e3q/target_meta.json "$OUT/" 2>/dev/null
+  if [ -d /tmp/e3q/inductor ] && [ "$(du -sm /tmp/e3q/inductor | cut -f1)" -le 56 ]; then
+    tar -C /tmp/e3q -cf - inductor | split -b 15M - "$OUT/spec_inductor.tar.part-"
+  fi
 elif [ "$mode" = cuda-tests ]; then  # tests/cuda: compiled training, batched decoding, the train stage on CUDA
   timeout "${2:-300}" python3 -m pytest -q -p no:cacheprovider tests/cuda 2>&1 | tee -a "$log"
 elif [ "$mode" = extract ]; then  # issue 3's extraction benchmark alone

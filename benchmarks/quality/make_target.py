@@ -291,7 +291,17 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def make_target(work: Path, r: TargetRecipe, corpus_root: Path, device: torch.device, seed: int = 0) -> dict:
+def save_init(model, tokenizer, init_dir: Path) -> None:
+    """The untrained target (bf16), for work that needs only its shapes (compiling speculators'
+    trainer while the target trains); ``READY`` is written last."""
+    init_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(init_dir, state_dict={k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
+    tokenizer.save_pretrained(init_dir)
+    (init_dir / "READY").write_text("untrained\n")
+
+
+def make_target(work: Path, r: TargetRecipe, corpus_root: Path, device: torch.device, seed: int = 0,
+                init_dir: Path | None = None) -> dict:
     from transformers import GenerationConfig
 
     work.mkdir(parents=True, exist_ok=True)
@@ -316,6 +326,8 @@ def make_target(work: Path, r: TargetRecipe, corpus_root: Path, device: torch.de
     model = build_model(r, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.1f}M parameters; training {r.train_seconds:.0f}s on {device}")
+    if init_dir is not None:
+        save_init(model, tokenizer, init_dir)
     stats = train_lm(model, stream.to(device) if device.type == "cuda" else stream, held_stream, r, device, seed)
     log(f"trained: {json.dumps(stats)}")
     out = work / "target"
@@ -342,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus-root", type=Path, default=None, help="default: this Python's site-packages")
     ap.add_argument("--train-seconds", type=float, default=None)
     ap.add_argument("--prompts-train", type=int, default=None)
+    ap.add_argument("--init-dir", type=Path, default=None, help="also save the untrained target here first")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
     r = TINY if args.tiny else TargetRecipe()
@@ -349,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         r.train_seconds = args.train_seconds
     if args.prompts_train is not None:
         r.prompts_train = args.prompts_train
-    meta = make_target(args.work, r, args.corpus_root or site_packages(), torch.device(args.device))
+    meta = make_target(args.work, r, args.corpus_root or site_packages(), torch.device(args.device), init_dir=args.init_dir)
     print(json.dumps(meta, indent=2))
     return 0
 

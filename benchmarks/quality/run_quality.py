@@ -1,20 +1,24 @@
 """Issue 8: acceptance length on a trained target, eagle3ctl against vllm-project/speculators.
 
 Resumable steps under ``--work`` (each leaves ``results/<step>.json``; a rerun skips done
-steps, so a second device call on a warm machine carries on where the first stopped):
+steps, so a later device call on a warm machine carries on where one stopped). The order
+lets one device call hold the whole race: nothing else runs on the GPU while a system's
+training is timed, and untimed work overlaps.
 
-1. ``target``   make_target.py: BPE tokenizer + ~130M Llama trained on site-packages code.
-   ``spec_warm`` speculators' trainer compiled on random samples (nothing timed): a fresh
-   machine's inductor cache is cold, and its compile outlasted a call in run 2.
-2. ``ours_bf16``  ``eagle3ctl run pipeline`` (local backend) on that target, run ``q-bf16``:
-   generate (against serve_batched.py, an OpenAI-compatible batching server standing in
-   for vLLM) → vocab → extract (bf16) → train → export → evaluate on held-out prompts.
-3. ``spec_data`` q-bf16's samples in speculators' data format (spec_data.py; its own step so
-   it can use the end of the call that ran ``ours_bf16``), then
-   ``spec``     the same drafter trained by speculators on those samples (spec_train.py),
-   exported to our format, evaluated by our evaluate stage (run ``q-spec``).
-4. ``ours_fp8``  run ``q-fp8``: the same generate output, extract with float8_e4m3fn storage.
-5. ``plot``     acceptance per position of every system that finished; one JSON summary.
+1. ``target``     make_target.py: BPE tokenizer + ~130M Llama trained on site-packages code.
+   ``spec_warm``  speculators' trainer compiled on random samples, nothing timed (its cold
+   ``torch.compile`` takes ~5 min). With ``target`` in the same call it runs in the
+   background on the *untrained* target (same shapes, same graphs) while the target trains.
+2. ``prep``       run ``q-bf16``'s generate (against serve_batched.py, an OpenAI-compatible
+   batching server standing in for vLLM), vocab and extract (bf16) stages.
+3. ``spec_data``  q-bf16's samples in speculators' data format (spec_data.py).
+4. ``train_ours`` q-bf16's train and export stages (timed: waits for ``spec_warm``).
+5. ``train_spec`` the same drafter trained by speculators on the same samples (spec_train.py,
+   timed), exported to our format as run ``q-spec``'s export stage.
+6. ``evaluate``   both drafters through our evaluate stage on the same held-out prompts, at
+   the same time (acceptance is not timed); results ``ours_bf16`` and ``spec``.
+7. ``ours_fp8``   run ``q-fp8``: q-bf16's generate output, extract with float8_e4m3fn storage.
+8. ``plot``       acceptance per position of every system that finished; one JSON summary.
 
 Every step checks the time left (``--budget-s``) before it starts and runs its commands
 under that deadline, so a slow step cuts itself short and the summary is still written.
@@ -29,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -38,7 +43,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PORT = 8123
-STEPS = ("target", "spec_warm", "ours_bf16", "spec_data", "spec", "ours_fp8", "plot")
+STEPS = ("target", "spec_warm", "prep", "spec_data", "train_ours", "train_spec", "evaluate", "ours_fp8", "plot")
+RESULTS = STEPS + ("ours_bf16", "spec", "evaluate_partial")  # written by the evaluate step
 
 
 class Bench:
@@ -49,6 +55,9 @@ class Bench:
         self.out.mkdir(parents=True, exist_ok=True)
         self.store = self.work / "store"
         self.py = sys.executable
+        self.warm: threading.Thread | None = None  # spec_warm beside the target's training
+        self.warm_in_background, self.warm_status = False, "not run"
+        self.target_over = threading.Event()  # make_target has exited (its untrained copy is there or never will be)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -77,6 +86,28 @@ class Bench:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
             return 124
+
+    def sh_all(self, cmds: dict[str, list[str]], reserve_s: float = 5.0) -> dict[str, int]:
+        """Run commands side by side under the deadline; exit code by name (124: stopped at the deadline)."""
+        procs = {}
+        for name, cmd in cmds.items():
+            self.log(f"[{name}] $ " + " ".join(cmd))
+            procs[name] = subprocess.Popen(cmd, cwd=REPO, start_new_session=True)
+        end = time.monotonic() + self.left() - reserve_s
+        rcs = {}
+        for name, p in procs.items():
+            try:
+                rcs[name] = p.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.log(f"deadline: stopping {name} (pid {p.pid})")
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                rcs[name] = 124
+        return rcs
 
     def done(self, step: str) -> dict | None:
         p = self.work / "results" / f"{step}.json"
@@ -154,18 +185,124 @@ class Bench:
             cmd += ["--tiny", "--corpus-root", str(self.a.corpus_root)] if self.a.corpus_root else ["--tiny"]
         if self.a.target_seconds:
             cmd += ["--train-seconds", str(self.a.target_seconds)]
-        if self.sh(cmd) != 0:
-            raise StepFailed("make_target.py failed")
+        if self.a.prompts_train:
+            cmd += ["--prompts-train", str(self.a.prompts_train)]
+        if self.warm_in_background:
+            init = self.work / "target_init"
+            shutil.rmtree(init, ignore_errors=True)
+            cmd += ["--init-dir", str(init)]
+            self.warm = threading.Thread(target=self.warm_on, args=(init,), daemon=True)
+            self.warm.start()
+        try:
+            if self.sh(cmd) != 0:
+                raise StepFailed("make_target.py failed")
+        finally:
+            self.target_over.set()
         return json.loads((self.work / "target_meta.json").read_text())
 
-    def pipeline(self, run: str, storage_dtype: str, need_server: bool) -> int:
+    # -- speculators' cold compile, off the timed path ---------------------------------
+
+    def spec_env(self) -> dict:
+        """speculators' inductor cache in --work (device_call.sh carries it between sessions)."""
+        return {"TORCHINDUCTOR_CACHE_DIR": str(self.work / "inductor")}
+
+    def warm_on(self, init: Path) -> None:
+        """Thread: spec_warm on the untrained target as soon as make_target has saved it."""
+        while not (init / "READY").exists():
+            if self.target_over.is_set() and not (init / "READY").exists():
+                self.warm_status = "skipped: make_target.py exited without saving the untrained target"
+                return
+            time.sleep(1)
+        t0 = time.monotonic()
+        try:
+            res = self.step_spec_warm(init)
+            res["step_seconds"] = round(time.monotonic() - t0, 1)
+            res["in_background_of"] = "target"
+            self.save("spec_warm", res)
+            self.warm_status = f"done in {res['step_seconds']}s (beside target)"
+        except StepFailed as e:
+            self.warm_status = f"failed: {e}"
+        self.log(f"spec_warm {self.warm_status}")
+
+    def join_warm(self, status: dict) -> None:
+        """Before anything timed: the background compile must not share the machine with it."""
+        if self.warm is not None:
+            if self.warm.is_alive():
+                self.log("waiting for spec_warm (speculators' compile) before timing a training")
+            self.warm.join()
+            status["spec_warm"] = self.warm_status
+            self.warm = None
+
+    def step_spec_warm(self, target: Path | None = None) -> dict:
+        """speculators' trainer for a few steps on random samples, before anything is timed.
+
+        Its ``torch.compile`` of the drafter took 4-5 min on a fresh machine (runs 2 and 4),
+        more than the call that trains it can spare. Batches are padded to ``--total-seq-len``,
+        so the real run (same target shapes, drafter and draft vocab) finds every graph in the
+        inductor cache; the weights do not matter, so ``target`` may be the untrained one. The
+        trained drafter is thrown away; the seconds this took are kept as speculators' cold start.
+        """
+        from eagle3.data.tokenized import from_lists, write_tokenized
+        from eagle3.targets.aux_layers import default_aux_layer_ids
+        from eagle3.vocab.mapping import build_vocab_mapping, save_vocab_mapping
+
+        target = target or self.work / "target"
+        cfg = json.loads((target / "config.json").read_text())
+        vocab, layers = cfg["vocab_size"], cfg["num_hidden_layers"]
+        warm = self.work / "spec_warm"
+        shutil.rmtree(warm, ignore_errors=True)
+        warm.mkdir(parents=True)
+        g = torch.Generator().manual_seed(0)
+        samples = []
+        for i in range(24 if self.a.tiny else 96):
+            n = int(torch.randint(64 if self.a.tiny else 256, 256 if self.a.tiny else 1024, (1,), generator=g))
+            ids = torch.randint(0, vocab, (n,), generator=g).tolist()
+            samples.append((i, ids, [0] * (n // 2) + [1] * (n - n // 2)))
+        data = from_lists(samples)
+        write_tokenized(warm / "tokenized.safetensors", data)
+        counts = torch.bincount(data.input_ids.long(), minlength=vocab)
+        save_vocab_mapping(warm / "vocab_mapping.safetensors", *build_vocab_mapping(counts, self.a.draft_vocab))
+        aux = [str(i) for i in default_aux_layer_ids(layers)]
+        t0 = time.monotonic()
+        if self.sh([self.py, str(HERE / "spec_data.py"), "--target", str(target),
+                    "--tokenized", str(warm / "tokenized.safetensors"),
+                    "--vocab", str(warm / "vocab_mapping.safetensors"),
+                    "--aux-layer-ids", *aux, "--out", str(warm / "data")]) != 0:
+            raise StepFailed("spec_data.py failed on the warm-up samples")
+        t1 = time.monotonic()
+        cmd = self.spec_train_cmd(warm / "data", warm / "ckpt", warm / "export", warm / "train.json", aux,
+                                  ("--max-steps", "6"), target=target)
+        if self.sh(cmd, reserve_s=30, env=self.spec_env()) != 0:
+            raise StepFailed("speculators' warm-up training failed")
+        return {"samples": len(samples), "data_seconds": round(t1 - t0, 1),
+                "cold_train_seconds_6_steps": round(time.monotonic() - t1, 1)}
+
+    # -- the race -----------------------------------------------------------------------
+
+    def pipeline(self, run: str, storage_dtype: str, need_server: bool, until: str | None = None) -> int:
         cfg = self.config(run, storage_dtype)
         server = self.start_server() if need_server else None
+        cmd = [self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(cfg)]
         try:
-            return self.sh([self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(cfg)], reserve_s=15)
+            return self.sh(cmd + (["--until", until] if until else []), reserve_s=15)
         finally:
             if server is not None:
                 self.stop_server(server)
+
+    def step_prep(self) -> dict:
+        """q-bf16 up to its hidden states: generate (the stand-in server runs only for it), vocab, extract."""
+        if not self.manifest("q-bf16", "generate"):
+            if self.pipeline("q-bf16", "bfloat16", need_server=True, until="generate") != 0:
+                raise StepFailed("q-bf16 generate failed")
+        for stage in ("vocab", "extract"):  # siblings in the DAG: --until one leaves the other out
+            if self.pipeline("q-bf16", "bfloat16", need_server=False, until=stage) != 0:
+                raise StepFailed(f"q-bf16 {stage} failed")
+        return {st: stage_info(self.store, "q-bf16", st) for st in ("generate", "vocab", "extract")}
+
+    def step_train_ours(self) -> dict:
+        if self.pipeline("q-bf16", "bfloat16", need_server=False, until="export") != 0:
+            raise StepFailed("q-bf16 train/export failed")
+        return {st: stage_info(self.store, "q-bf16", st) for st in ("train", "export")}
 
     def step_ours(self, run: str, storage_dtype: str) -> dict:
         need_server = True
@@ -200,11 +337,11 @@ class Bench:
         return {"data": str(data), "seconds": round(time.monotonic() - t0, 1)}
 
     def spec_train_cmd(self, data: Path, save: Path, export: Path, out_json: Path, aux: list[str],
-                       extra: tuple[str, ...] = ()) -> list[str]:
+                       extra: tuple[str, ...] = (), target: Path | None = None) -> list[str]:
         """speculators' trainer on ``data``, configured like our drafter (spec_train.py)."""
         a = self.a
-        cmd = [self.py, str(HERE / "spec_train.py"), "--target", str(self.work / "target"), "--data", str(data),
-               "--save", str(save), "--export", str(export), "--out-json", str(out_json),
+        cmd = [self.py, str(HERE / "spec_train.py"), "--target", str(target or self.work / "target"),
+               "--data", str(data), "--save", str(save), "--export", str(export), "--out-json", str(out_json),
                "--aux-layer-ids", *aux, "--draft-vocab-size", str(a.draft_vocab), "--lr", str(a.lr),
                "--warmup-steps", str(a.warmup_steps), "--epochs", str(int(round(a.epochs))),
                "--total-seq-len", str(a.batch_tokens), "--num-workers", "0" if a.tiny else "8"]
@@ -213,67 +350,43 @@ class Bench:
             save.mkdir(parents=True, exist_ok=True)
         return cmd + (["--", *extra] if extra else [])
 
-    def step_spec_warm(self) -> dict:
-        """speculators' trainer for a few steps on random samples, before anything is timed.
-
-        Its ``torch.compile`` of the drafter took > 3.5 min on a fresh machine (run 2), more
-        than the call that trains it can spare. Batches are padded to ``--total-seq-len``,
-        so the real run (same target, drafter and draft vocab) finds every graph in the
-        machine's inductor cache. The trained weights are thrown away; the seconds this took
-        are kept as speculators' cold start.
-        """
-        from eagle3.data.tokenized import from_lists, write_tokenized
-        from eagle3.targets.aux_layers import default_aux_layer_ids
-        from eagle3.vocab.mapping import build_vocab_mapping, save_vocab_mapping
-
-        cfg = json.loads((self.work / "target" / "config.json").read_text())
-        vocab, layers = cfg["vocab_size"], cfg["num_hidden_layers"]
-        warm = self.work / "spec_warm"
-        shutil.rmtree(warm, ignore_errors=True)
-        warm.mkdir(parents=True)
-        g = torch.Generator().manual_seed(0)
-        samples = []
-        for i in range(24 if self.a.tiny else 96):
-            n = int(torch.randint(64 if self.a.tiny else 256, 256 if self.a.tiny else 1024, (1,), generator=g))
-            ids = torch.randint(0, vocab, (n,), generator=g).tolist()
-            samples.append((i, ids, [0] * (n // 2) + [1] * (n - n // 2)))
-        data = from_lists(samples)
-        write_tokenized(warm / "tokenized.safetensors", data)
-        counts = torch.bincount(data.input_ids.long(), minlength=vocab)
-        save_vocab_mapping(warm / "vocab_mapping.safetensors", *build_vocab_mapping(counts, self.a.draft_vocab))
-        aux = [str(i) for i in default_aux_layer_ids(layers)]
-        t0 = time.monotonic()
-        if self.sh([self.py, str(HERE / "spec_data.py"), "--target", str(self.work / "target"),
-                    "--tokenized", str(warm / "tokenized.safetensors"),
-                    "--vocab", str(warm / "vocab_mapping.safetensors"),
-                    "--aux-layer-ids", *aux, "--out", str(warm / "data")]) != 0:
-            raise StepFailed("spec_data.py failed on the warm-up samples")
-        t1 = time.monotonic()
-        cmd = self.spec_train_cmd(warm / "data", warm / "ckpt", warm / "export", warm / "train.json", aux,
-                                  ("--max-steps", "6"))
-        if self.sh(cmd, reserve_s=30) != 0:
-            raise StepFailed("speculators' warm-up training failed")
-        return {"samples": len(samples), "data_seconds": round(t1 - t0, 1),
-                "cold_train_seconds_6_steps": round(time.monotonic() - t1, 1)}
-
-    def step_spec(self) -> dict:
+    def step_train_spec(self) -> dict:
         if not self.done("spec_data"):
             self.save("spec_data", self.step_spec_data())
         aux = self.aux_ids()
         data, save, export = self.work / "spec_data", self.work / "spec_ckpt", self.work / "spec_export"
         shutil.rmtree(save, ignore_errors=True)
         cmd = self.spec_train_cmd(data, save, export, self.work / "spec_train.json", aux)
-        if self.sh(cmd, reserve_s=60) != 0:
+        if self.sh(cmd, reserve_s=60, env=self.spec_env()) != 0:
             raise StepFailed("spec_train.py failed")
-        train = json.loads((self.work / "spec_train.json").read_text())
-        # Our evaluate stage on their drafter: run q-spec = q-bf16's generate + an export stage holding it.
+        # Run q-spec = q-bf16's generate + an export stage holding their drafter, for our evaluate stage.
         if not self.manifest("q-spec", "generate"):
             clone_stage(self.store, "q-bf16", "q-spec", "generate")
         commit_export(self.store, "q-spec", export, {"source": "vllm-project/speculators 0.9.0"})
-        cfg = self.config("q-spec")
-        if self.sh([self.py, "-m", "eagle3", "stage", "evaluate", "-c", str(cfg)]) != 0:
-            raise StepFailed("evaluate of the speculators drafter failed")
-        return {"train": train, "evaluate": stage_info(self.store, "q-spec", "evaluate")}
+        return {"train": json.loads((self.work / "spec_train.json").read_text())}
+
+    def step_evaluate(self) -> dict:
+        """Both drafters' evaluate stages at once, on the same held-out prompts."""
+        cmds = {}
+        if self.done("train_ours"):
+            cmds["q-bf16"] = [self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(self.config("q-bf16"))]
+        if self.done("train_spec"):
+            cmds["q-spec"] = [self.py, "-m", "eagle3", "stage", "evaluate", "-c", str(self.config("q-spec"))]
+        if not cmds:
+            raise StepFailed("neither drafter is trained")
+        rcs = self.sh_all(cmds, reserve_s=10)
+        out = {"exit_codes": rcs}
+        if "q-bf16" in cmds:
+            self.save("ours_bf16", collect_run(self.store, "q-bf16"))
+        if "q-spec" in cmds:
+            self.save("spec", {"train": self.done("train_spec")["train"],
+                               "evaluate": stage_info(self.store, "q-spec", "evaluate")})
+        if any(rcs.values()):
+            out["partial"] = partial_acceptance(self.store, list(cmds))
+            self.save("evaluate_partial", out)
+            raise StepFailed(f"evaluate exit codes {rcs}; acceptance on the prompts every run finished: "
+                             f"{ {r: v.get('mean_acceptance_length') for r, v in out['partial'].items()} }")
+        return out
 
     def step_plot(self) -> dict:
         from plot_quality import plot_acceptance
@@ -290,37 +403,45 @@ class Bench:
 
     def run(self, steps: list[str]) -> dict:
         tiny = self.a.tiny
-        estimates = {"target": 60 if tiny else 200, "spec_warm": 60 if tiny else 300,
-                     "ours_bf16": 60 if tiny else 290, "spec_data": 20 if tiny else 45,
-                     "spec": 60 if tiny else 250, "ours_fp8": 40 if tiny else 160, "plot": 5}
+        estimates = {"target": 60 if tiny else 200, "spec_warm": 60 if tiny else 330, "prep": 40 if tiny else 200,
+                     "spec_data": 20 if tiny else 45, "train_ours": 40 if tiny else 90,
+                     "train_spec": 40 if tiny else 120, "evaluate": 30 if tiny else 120,
+                     "ours_fp8": 40 if tiny else 160, "plot": 5}
+        resumable = ("prep", "train_ours", "evaluate", "ours_fp8")  # our stages resume where a cut-off call left them
+        needs = {"spec_warm": ("target",), "prep": ("target",), "spec_data": ("prep",), "train_ours": ("prep",),
+                 "train_spec": ("spec_data",), "ours_fp8": ("prep",)}
+        timed = ("train_ours", "train_spec", "ours_fp8")
+        # speculators' compile beside the target's training, when both are still to do in this call
+        self.warm_in_background = "target" in steps and "spec_warm" in steps and not self.done("target") \
+            and not self.done("spec_warm")
         status = {}
         for step in steps:
             if self.done(step) and step != "plot":  # the plot is redrawn with whatever finished
                 status[step] = "done earlier"
                 continue
-            # The pipelines resume where a cut-off call left them: start them whenever a minute is left.
-            need = 60 if step in ("ours_bf16", "ours_fp8") and not self.a.tiny else estimates[step]
+            if step == "spec_warm" and self.warm_in_background:
+                status[step] = "running beside target" if self.warm is not None else self.warm_status
+                continue
+            missing = [n for n in needs.get(step, ()) if not self.done(n)]
+            if missing:
+                status[step] = f"skipped: needs {', '.join(missing)}"
+                continue
+            if step == "evaluate" and not (self.done("train_ours") or self.done("train_spec")):
+                status[step] = "skipped: neither drafter is trained"
+                continue
+            if step in timed or step == "plot":
+                self.join_warm(status)
+            need = 60 if step in resumable and not tiny else estimates[step]
             if step != "plot" and self.left() < need:
                 status[step] = f"skipped: {self.left():.0f}s left, needs ~{estimates[step]}s"
                 self.log(status[step])
                 continue
-            if step in ("spec_warm", "ours_bf16", "spec_data", "spec", "ours_fp8") and not self.done("target"):
-                status[step] = "skipped: no target"
-                continue
-            # spec and fp8 reuse q-bf16's samples (and spec its vocab + aux ids), not its drafter.
-            q_bf16_ready = self.manifest("q-bf16", "vocab") and self.manifest("q-bf16", "extract")
-            if step in ("spec_data", "spec") and not q_bf16_ready:
-                status[step] = "skipped: needs q-bf16's vocab and extract stages"
-                continue
-            if step == "ours_fp8" and not self.manifest("q-bf16", "generate"):
-                status[step] = "skipped: needs q-bf16's generate stage"
-                continue
             t0 = time.monotonic()
             self.log(f"step {step}")
             try:
-                fn = {"target": self.step_target, "spec_warm": self.step_spec_warm,
-                      "ours_bf16": lambda: self.step_ours("q-bf16", "bfloat16"),
-                      "spec_data": self.step_spec_data, "spec": self.step_spec,
+                fn = {"target": self.step_target, "spec_warm": self.step_spec_warm, "prep": self.step_prep,
+                      "spec_data": self.step_spec_data, "train_ours": self.step_train_ours,
+                      "train_spec": self.step_train_spec, "evaluate": self.step_evaluate,
                       "ours_fp8": lambda: self.step_ours("q-fp8", "float8_e4m3fn"), "plot": self.step_plot}[step]
                 res = fn()
                 res["step_seconds"] = round(time.monotonic() - t0, 1)
@@ -330,12 +451,13 @@ class Bench:
                 status[step] = f"failed: {e}"
                 self.log(status[step])
             self.write_summary(status)
+        self.join_warm(status)
         return self.write_summary(status)
 
     def write_summary(self, status: dict) -> dict:
         from summarize import summarize
 
-        summary = summarize({s: self.done(s) for s in STEPS}, status, vars(self.a))
+        summary = summarize({s: self.done(s) for s in RESULTS}, status, vars(self.a))
         (self.out / "quality_h200.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
 
@@ -397,6 +519,20 @@ def collect_run(store: Path, run: str) -> dict:
     return {"run": run, "stages": stages}
 
 
+def partial_acceptance(store: Path, runs: list[str]) -> dict:
+    """Acceptance from the per-prompt results the runs' evaluate stages journaled, over the
+    prompts every run finished (the same prompts for each), when a deadline cut them short."""
+    journaled = {r: {p.name: json.loads(p.read_text()) for p in (store / r / "evaluate" / "prompts").glob("*.json")}
+                 for r in runs}
+    common = sorted(set.intersection(*(set(j) for j in journaled.values()))) if journaled else []
+    out = {}
+    for r, j in journaled.items():
+        lengths = [a for name in common for a in j[name]["accept_lengths"]]
+        out[r] = {"prompts": len(common),
+                  "mean_acceptance_length": round(sum(lengths) / len(lengths), 4) if lengths else None}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, required=True, help="state kept between calls (e.g. /tmp/e3q)")
@@ -406,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny target, few samples")
     ap.add_argument("--corpus-root", type=Path, default=None)
     ap.add_argument("--target-seconds", type=float, default=None)
+    ap.add_argument("--prompts-train", type=int, default=None, help="generate: training prompts (default the "
+                    "target recipe's 4096)")
     ap.add_argument("--max-tokens", type=int, default=192, help="generate: response tokens per prompt")
     ap.add_argument("--draft-vocab", type=int, default=None, help="draft vocab size (default 16384; 512 with --tiny)")
     ap.add_argument("--epochs", type=float, default=2)

@@ -43,6 +43,7 @@ def ours(result: dict | None, store_root: Path | None = None) -> dict | None:
         "extract": {"stats": ex.get("stats"), "storage_dtype": index.get("storage_dtype"), "tokens": tokens,
                     "shard_bytes": ex.get("shard_bytes"),
                     "bytes_per_token": round(ex["shard_bytes"] / tokens, 1) if tokens and ex.get("shard_bytes") else None},
+        "evaluate": (st.get("evaluate") or {}).get("stats"),
         "train": {"stats": tr.get("stats"), "steady_tokens_per_s": steady(records),
                   "loop_tokens_per_s": (tr.get("stats") or {}).get("tokens_per_s"),
                   "peak_memory_gib": (tr.get("stats") or {}).get("peak_memory_gib"),
@@ -59,6 +60,7 @@ def spec(result: dict | None) -> dict | None:
         "acceptance": _acceptance(_report(result.get("evaluate"))),
         "train": {k: t.get(k) for k in ("steady_tokens_per_s", "wall_seconds", "peak_memory_gib", "last_step",
                                         "mean_tokens_per_step", "final_train_metrics")},
+        "evaluate": (result.get("evaluate") or {}).get("stats"),
         "argv": t.get("argv"),
     }
 
@@ -115,5 +117,8 @@ def summarize(done: dict[str, dict | None], status: dict[str, str], args: dict[s
                                         head["speculators"]["train_peak_memory_gib"]),
             "goals": "acceptance ratio >= 1.0; throughput ratio >= 1.5; memory ratio <= 1.0",
         }
+    partial = (done.get("evaluate_partial") or {}).get("partial")
+    if partial:  # evaluate was cut short: acceptance on the prompts every run had finished
+        head["acceptance_on_prompts_finished_by_all"] = partial
     return {"headline": head, "status": status, "args": args,
             "details": {"target": done.get("target"), "ours_bf16": o16, "ours_fp8": o8, "speculators": sp}}
