@@ -140,7 +140,8 @@ class Bench:
             "drafter": {"rms_norm_eps": 1e-5},
             "train": {"epochs": a.epochs, "batch_tokens": a.batch_tokens, "max_seq_len": 2048, "lr": a.lr,
                       "warmup_steps": a.warmup_steps, "ttt_steps": 7, "ttt_decay": 0.8,
-                      "checkpoint_every": 100000, "log_every": 5, "eval_fraction": 0.02, "weight_decay": 0.0},
+                      "checkpoint_every": 100000, "log_every": 5, "eval_fraction": 0.02, "weight_decay": 0.0,
+                      "compile": a.train_compile},
             "evaluate": {"prompts": str(self.work / "prompts_heldout.jsonl"), "num_prompts": a.eval_prompts,
                          "num_draft_tokens": a.draft_tokens, "max_new_tokens": a.eval_new_tokens,
                          "workers": a.eval_workers, "batch_size": a.eval_batch},
@@ -549,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=float, default=2)
     ap.add_argument("--batch-tokens", type=int, default=16384, help="tokens per optimizer step (both systems)")
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--train-compile", action=argparse.BooleanOptionalAction, default=True,
+                    help="train.compile of our runs (--no-train-compile: eager, e.g. to profile evaluate quickly)")
     ap.add_argument("--warmup-steps", type=int, default=30)
     ap.add_argument("--eval-prompts", type=int, default=48)
     ap.add_argument("--eval-new-tokens", type=int, default=128)
