@@ -4,7 +4,7 @@
 #   bash benchmarks/quality/device_call.sh extract [LIMIT_S]              # issue 3: bench_extract alone (~250 s)
 #   bash benchmarks/quality/device_call.sh cuda-tests [LIMIT_S]           # tests/cuda on the GPU
 #   bash benchmarks/quality/device_call.sh quality BUDGET_S [STEPS [FLAGS]] # issue 8 steps (resumable in /tmp/e3q);
-#        FLAGS go to run_quality.py. speculators' inductor cache comes back as $OUT/spec_inductor.tar.part-*;
+#        FLAGS go to run_quality.py. speculators' inductor cache comes back as $OUT/spec_inductor.tgz.part-*;
 #        put those files in .inductor/ and carry [".whl", ".inductor"] to start the next machine warm.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
 # Missing Python packages travel as wheels in .whl/ (carry: [".whl"]) and go to /tmp/site.
@@ -21,16 +21,21 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,nohe
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$log"
 left() { echo $(( budget - ($(date +%s) - t0) )); }
 if [ "$mode" = quality ]; then
-  if ls .inductor/spec_inductor.tar.part-* >/dev/null 2>&1 && [ ! -d /tmp/e3q/inductor ]; then
-    mkdir -p /tmp/e3q && cat .inductor/spec_inductor.tar.part-* | tar -x -C /tmp/e3q && echo "carried inductor cache unpacked" | tee -a "$log"
+  if ls .inductor/spec_inductor.tgz.part-* >/dev/null 2>&1 && [ ! -d /tmp/e3q/inductor ]; then
+    mkdir -p /tmp/e3q && cat .inductor/spec_inductor.tgz.part-* | tar -xz -C /tmp/e3q \
+      && echo "carried inductor cache unpacked: $(du -sh /tmp/e3q/inductor | cut -f1)" | tee -a "$log"
   fi
-  steps="${3:-target,spec_warm,prep,spec_data,train_ours,train_spec,evaluate,ours_fp8,plot}"
+  steps="${3:-target,spec_warm,prep,spec_data,train_ours,train_spec,train_fp8,evaluate,plot}"
   shift $(( $# < 3 ? $# : 3 ))
   python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(( $(left) - 15 ))" --steps "$steps" "$@" \
     2>&1 | tee -a "$log"
   cp /tmp/e3q/target_meta.json "$OUT/" 2>/dev/null
-  if [ -d /tmp/e3q/inductor ] && [ "$(du -sm /tmp/e3q/inductor | cut -f1)" -le 56 ]; then
-    tar -C /tmp/e3q -cf - inductor | split -b 15M - "$OUT/spec_inductor.tar.part-"
+  if [ -d /tmp/e3q/inductor ] && [ ! -e .inductor ]; then  # 4 pieces of 15 MiB at most come back with the results
+    tar -C /tmp/e3q -czf /tmp/spec_inductor.tgz inductor
+    echo "inductor cache: $(du -sh /tmp/e3q/inductor | cut -f1), gzipped $(du -sh /tmp/spec_inductor.tgz | cut -f1)" | tee -a "$log"
+    if [ "$(du -sm /tmp/spec_inductor.tgz | cut -f1)" -le 56 ]; then
+      split -b 15M /tmp/spec_inductor.tgz "$OUT/spec_inductor.tgz.part-"
+    fi
   fi
 elif [ "$mode" = cuda-tests ]; then  # tests/cuda: compiled training, batched decoding, the train stage on CUDA
   timeout "${2:-300}" python3 -m pytest -q -p no:cacheprovider tests/cuda 2>&1 | tee -a "$log"

@@ -15,9 +15,9 @@ training is timed, and untimed work overlaps.
 4. ``train_ours`` q-bf16's train and export stages (timed: waits for ``spec_warm``).
 5. ``train_spec`` the same drafter trained by speculators on the same samples (spec_train.py,
    timed), exported to our format as run ``q-spec``'s export stage.
-6. ``evaluate``   both drafters through our evaluate stage on the same held-out prompts, at
-   the same time (acceptance is not timed); results ``ours_bf16`` and ``spec``.
-7. ``ours_fp8``   run ``q-fp8``: q-bf16's generate output, extract with float8_e4m3fn storage.
+6. ``train_fp8``  run ``q-fp8``: q-bf16's generate output, extract with float8_e4m3fn storage, train, export.
+7. ``evaluate``   every trained drafter through our evaluate stage on the same held-out prompts,
+   all at once (acceptance is not timed); results ``ours_bf16``, ``spec``, ``ours_fp8``.
 8. ``plot``       acceptance per position of every system that finished; one JSON summary.
 
 Every step checks the time left (``--budget-s``) before it starts and runs its commands
@@ -43,8 +43,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PORT = 8123
-STEPS = ("target", "spec_warm", "prep", "spec_data", "train_ours", "train_spec", "evaluate", "ours_fp8", "plot")
-RESULTS = STEPS + ("ours_bf16", "spec", "evaluate_partial")  # written by the evaluate step
+STEPS = ("target", "spec_warm", "prep", "spec_data", "train_ours", "train_spec", "train_fp8", "evaluate", "plot")
+RESULTS = STEPS + ("ours_bf16", "spec", "ours_fp8", "evaluate_partial")  # written by the evaluate step
 
 
 class Bench:
@@ -305,20 +305,13 @@ class Bench:
             raise StepFailed("q-bf16 train/export failed")
         return {st: stage_info(self.store, "q-bf16", st) for st in ("train", "export")}
 
-    def step_ours(self, run: str, storage_dtype: str) -> dict:
-        need_server = True
-        if run != "q-bf16" and self.manifest("q-bf16", "generate") and not self.manifest(run, "generate"):
-            need_server = not clone_stage(self.store, "q-bf16", run, "generate")
-        elif self.manifest(run, "generate"):
-            need_server = False
-        rc = self.pipeline(run, storage_dtype, need_server)
-        result = collect_run(self.store, run)
-        result["pipeline_exit_code"] = rc
-        if rc != 0 or "evaluate" not in result["stages"]:
-            self.log(f"pipeline {run} exit {rc}; stages done: {sorted(result['stages'])}")
-            self.save(f"partial_{run}", result)
-            raise StepFailed(f"pipeline {run} incomplete (exit {rc})")
-        return result
+    def step_train_fp8(self) -> dict:
+        """q-fp8 = q-bf16's samples (its generate stage, copied), hidden states stored as fp8, trained alike."""
+        if not self.manifest("q-fp8", "generate"):
+            clone_stage(self.store, "q-bf16", "q-fp8", "generate")
+        if self.pipeline("q-fp8", "float8_e4m3fn", need_server=False, until="export") != 0:
+            raise StepFailed("q-fp8 vocab/extract/train/export failed")
+        return {st: stage_info(self.store, "q-fp8", st) for st in ("vocab", "extract", "train", "export")}
 
     def aux_ids(self) -> list[str]:
         index = json.loads((self.store / "q-bf16" / "extract" / "index.json").read_text())
@@ -367,18 +360,22 @@ class Bench:
         return {"train": json.loads((self.work / "spec_train.json").read_text())}
 
     def step_evaluate(self) -> dict:
-        """Both drafters' evaluate stages at once, on the same held-out prompts."""
+        """Every trained drafter's evaluate stage at once, on the same held-out prompts."""
+        pipeline = [self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c"]
         cmds = {}
         if self.done("train_ours"):
-            cmds["q-bf16"] = [self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(self.config("q-bf16"))]
+            cmds["q-bf16"] = pipeline + [str(self.config("q-bf16"))]
         if self.done("train_spec"):
             cmds["q-spec"] = [self.py, "-m", "eagle3", "stage", "evaluate", "-c", str(self.config("q-spec"))]
+        if self.done("train_fp8"):
+            cmds["q-fp8"] = pipeline + [str(self.config("q-fp8", "float8_e4m3fn"))]
         if not cmds:
-            raise StepFailed("neither drafter is trained")
+            raise StepFailed("no drafter is trained")
         rcs = self.sh_all(cmds, reserve_s=10)
         out = {"exit_codes": rcs}
-        if "q-bf16" in cmds:
-            self.save("ours_bf16", collect_run(self.store, "q-bf16"))
+        for run in ("q-bf16", "q-fp8"):
+            if run in cmds:
+                self.save("ours_bf16" if run == "q-bf16" else "ours_fp8", collect_run(self.store, run))
         if "q-spec" in cmds:
             self.save("spec", {"train": self.done("train_spec")["train"],
                                "evaluate": stage_info(self.store, "q-spec", "evaluate")})
@@ -406,12 +403,12 @@ class Bench:
         tiny = self.a.tiny
         estimates = {"target": 60 if tiny else 200, "spec_warm": 60 if tiny else 330, "prep": 40 if tiny else 200,
                      "spec_data": 20 if tiny else 45, "train_ours": 40 if tiny else 90,
-                     "train_spec": 40 if tiny else 120, "evaluate": 30 if tiny else 120,
-                     "ours_fp8": 40 if tiny else 160, "plot": 5}
-        resumable = ("prep", "train_ours", "evaluate", "ours_fp8")  # our stages resume where a cut-off call left them
+                     "train_spec": 40 if tiny else 120, "train_fp8": 40 if tiny else 100,
+                     "evaluate": 30 if tiny else 120, "plot": 5}
+        resumable = ("prep", "train_ours", "train_fp8", "evaluate")  # our stages resume where a cut-off call left them
         needs = {"spec_warm": ("target",), "prep": ("target",), "spec_data": ("prep",), "train_ours": ("prep",),
-                 "train_spec": ("spec_data",), "ours_fp8": ("prep",)}
-        timed = ("train_ours", "train_spec", "ours_fp8")
+                 "train_spec": ("spec_data",), "train_fp8": ("prep",)}
+        timed = ("train_ours", "train_spec", "train_fp8")
         # speculators' compile beside the target's training, when both are still to do in this call
         self.warm_in_background = "target" in steps and "spec_warm" in steps and not self.done("target") \
             and not self.done("spec_warm")
@@ -427,8 +424,8 @@ class Bench:
             if missing:
                 status[step] = f"skipped: needs {', '.join(missing)}"
                 continue
-            if step == "evaluate" and not (self.done("train_ours") or self.done("train_spec")):
-                status[step] = "skipped: neither drafter is trained"
+            if step == "evaluate" and not any(self.done(t) for t in ("train_ours", "train_spec", "train_fp8")):
+                status[step] = "skipped: no drafter is trained"
                 continue
             if step in timed or step == "plot":
                 self.join_warm(status)
@@ -442,8 +439,8 @@ class Bench:
             try:
                 fn = {"target": self.step_target, "spec_warm": self.step_spec_warm, "prep": self.step_prep,
                       "spec_data": self.step_spec_data, "train_ours": self.step_train_ours,
-                      "train_spec": self.step_train_spec, "evaluate": self.step_evaluate,
-                      "ours_fp8": lambda: self.step_ours("q-fp8", "float8_e4m3fn"), "plot": self.step_plot}[step]
+                      "train_spec": self.step_train_spec, "train_fp8": self.step_train_fp8,
+                      "evaluate": self.step_evaluate, "plot": self.step_plot}[step]
                 res = fn()
                 res["step_seconds"] = round(time.monotonic() - t0, 1)
                 self.save(step, res)

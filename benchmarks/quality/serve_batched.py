@@ -95,6 +95,15 @@ class Batcher:
         return res
 
 
+class BatchingHTTPServer(ThreadingHTTPServer):
+    """``socketserver`` listens with a backlog of 5: a client opening hundreds of connections at
+    once (generate's concurrency) overflows it, the kernel drops the SYNs, and each dropped
+    connection waits out TCP's retransmit backoff (1, 3, 7, 15, 31 s ...) while the GPU idles."""
+
+    request_queue_size = 4096
+    daemon_threads = True
+
+
 def make_handler(batcher: Batcher, served_name: str):
     tok = batcher.tok
 
@@ -163,8 +172,7 @@ def serve(model_dir: str, host: str, port: int, max_batch: int, device: torch.de
     """Start serving in a background thread; returns (server, batcher)."""
     model, tok = load(model_dir, device)
     batcher = Batcher(model, tok, device, max_batch)
-    server = ThreadingHTTPServer((host, port), make_handler(batcher, served_name or model_dir))
-    server.daemon_threads = True
+    server = BatchingHTTPServer((host, port), make_handler(batcher, served_name or model_dir))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, batcher
 
