@@ -69,37 +69,24 @@ class Bench:
 
     def sh(self, cmd: list[str], reserve_s: float = 5.0, env: dict | None = None) -> int:
         """Run a command in its own process group under the deadline; its output goes to ours."""
-        limit = self.left() - reserve_s
-        if limit <= 0:
+        if self.left() - reserve_s <= 0:
             self.log(f"no time left for: {' '.join(cmd[:6])}")
             return 124
-        self.log("$ " + " ".join(cmd))
-        p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, start_new_session=True)
-        try:
-            return p.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            self.log(f"deadline: stopping pid {p.pid}")
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-            return 124
+        return self.sh_all({"": cmd}, reserve_s, env)[""]
 
-    def sh_all(self, cmds: dict[str, list[str]], reserve_s: float = 5.0) -> dict[str, int]:
+    def sh_all(self, cmds: dict[str, list[str]], reserve_s: float = 5.0, env: dict | None = None) -> dict[str, int]:
         """Run commands side by side under the deadline; exit code by name (124: stopped at the deadline)."""
         procs = {}
         for name, cmd in cmds.items():
-            self.log(f"[{name}] $ " + " ".join(cmd))
-            procs[name] = subprocess.Popen(cmd, cwd=REPO, start_new_session=True)
+            self.log(f"[{name}] $ " + " ".join(cmd) if name else "$ " + " ".join(cmd))
+            procs[name] = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, start_new_session=True)
         end = time.monotonic() + self.left() - reserve_s
         rcs = {}
         for name, p in procs.items():
             try:
                 rcs[name] = p.wait(timeout=max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.log(f"deadline: stopping {name} (pid {p.pid})")
+                self.log(f"deadline: stopping {name or ' '.join(cmds[name][:3])} (pid {p.pid})")
                 os.killpg(p.pid, signal.SIGTERM)
                 try:
                     p.wait(timeout=20)
