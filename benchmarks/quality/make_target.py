@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import random
 import re
 import sys

@@ -86,9 +86,12 @@ class Batch:
     final_hidden: Tensor  # [B, T, Ht]
     tokens: int  # real (unpadded) tokens
 
+    def tensors(self) -> tuple[Tensor, ...]:
+        return self.input_ids, self.loss_mask, self.aux_hidden, self.final_hidden
+
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
-        return Batch(*(t.to(device, non_blocking=nb) for t in (self.input_ids, self.loss_mask, self.aux_hidden, self.final_hidden)), self.tokens)
+        return Batch(*(t.to(device, non_blocking=nb) for t in self.tensors()), self.tokens)
 
 
 def collate(shard: HiddenShard, samples: list[int], max_seq_len: int, dtype: torch.dtype, pad_to: int = 1, pin: bool = False) -> Batch:

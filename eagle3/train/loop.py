@@ -37,7 +37,7 @@ from eagle3.store import ObjectStore
 from eagle3.train import checkpoint as ckpt_io
 from eagle3.train.data import Batch, DataPlan
 from eagle3.train.metrics import MetricsLog
-from eagle3.train.prefetch import Prefetcher
+from eagle3.train.prefetch import AheadOnDevice, Prefetcher
 from eagle3.train.schedule import lr_factor
 from eagle3.train.settings import TrainSettings
 
@@ -275,16 +275,16 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
     while epoch < total_epochs and step < max_steps:
         limit = math.ceil(frac * per_epoch) if epoch == full_epochs else None
         with Prefetcher(job.plan.iterate(job.open_shard, epoch, dtype, skip=batch_idx, pad_to=pad_to, pin=cuda)) as it:
+            on_device = AheadOnDevice(it, env.device)
             while step < max_steps:
-                batch: Batch | None = next(it, None) if limit is None or batch_idx < limit else None
-                no_batch, stopping = _agree(env, batch is None, stop())
+                b: Batch | None = on_device.take() if limit is None or batch_idx < limit else None
+                no_batch, stopping = _agree(env, b is None, stop())
                 if stopping:
                     if step > last_ckpt:
                         save(step)
                     raise TrainingInterrupted(f"training stopped on request at step {step}; checkpoint saved, rerun to resume")
-                if no_batch:
+                if no_batch or b is None:
                     break
-                b = batch.to(env.device)
                 with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cuda):
                     loss, step_loss, step_acc, step_count = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask)
                 loss.backward()

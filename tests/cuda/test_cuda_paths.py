@@ -162,3 +162,28 @@ def test_pipelined_extraction_equals_batch_by_batch_on_cuda(tiny_target_dir, sto
                     if scale is not None:
                         kept = got.aux_scale[dst, g : g + 1] if g < 3 else got.final_scale[dst]
                         torch.testing.assert_close(kept, scale.cpu(), rtol=1e-6, atol=0)
+
+
+def test_batches_copied_ahead_on_a_side_stream_arrive_whole():
+    """AheadOnDevice: each batch taken equals its host batch although its copy ran on a side
+    stream while other work was queued on the compute stream."""
+    from eagle3.train.data import Batch
+    from eagle3.train.prefetch import AheadOnDevice
+
+    def host(i: int) -> Batch:
+        g = torch.Generator().manual_seed(i)
+        t = 2048
+        return Batch(torch.randint(0, 100, (8, t), generator=g).pin_memory(), torch.ones(8, t, dtype=torch.uint8).pin_memory(),
+                     torch.randn(8, t, 3 * 640, generator=g).bfloat16().pin_memory(),
+                     torch.randn(8, t, 640, generator=g).bfloat16().pin_memory(), tokens=i)
+
+    ahead = AheadOnDevice((host(i) for i in range(6)), CUDA)
+    busy = torch.randn(4096, 4096, device=CUDA)
+    for i in range(6):
+        b = ahead.take()
+        for _ in range(5):  # the "step": compute-stream work while the next copy runs
+            busy = torch.tanh(busy @ busy / 4096)
+        want = host(i)
+        assert b.tokens == i
+        assert all(torch.equal(x.cpu(), y) for x, y in zip(b.tensors(), want.tensors()))
+    assert ahead.take() is None

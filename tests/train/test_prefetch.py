@@ -36,3 +36,45 @@ def test_close_mid_stream_stops_the_producer():
     p.close()
     assert not any(t.name == "batch-prefetch" and t.is_alive() for t in threading.enumerate())
     assert len(produced) < 10  # bounded look-ahead, not the whole epoch
+
+
+def _batches(n: int):
+    import torch
+
+    from eagle3.train.data import Batch
+
+    for i in range(n):
+        g = torch.Generator().manual_seed(i)
+        yield Batch(torch.randint(0, 100, (2, 8), generator=g), torch.ones(2, 8, dtype=torch.uint8),
+                    torch.randn(2, 8, 12, generator=g), torch.randn(2, 8, 4, generator=g), tokens=16 - i)
+
+
+def test_ahead_on_device_hands_out_every_batch_in_order_then_none():
+    import torch
+
+    from eagle3.train.prefetch import AheadOnDevice
+
+    ahead = AheadOnDevice(_batches(3), torch.device("cpu"))
+    got = [ahead.take() for _ in range(3)]
+    assert [b.tokens for b in got] == [16, 15, 14]
+    for b, want in zip(got, _batches(3)):
+        assert all(torch.equal(x, y) for x, y in zip(b.tensors(), want.tensors()))
+    assert ahead.take() is None and ahead.take() is None  # exhausted stays exhausted
+
+
+def test_ahead_on_device_takes_at_most_one_batch_ahead():
+    import torch
+
+    from eagle3.train.prefetch import AheadOnDevice
+
+    taken = []
+
+    def source():
+        for b in _batches(10):
+            taken.append(b.tokens)
+            yield b
+
+    ahead = AheadOnDevice(source(), torch.device("cpu"))
+    ahead.take()
+    ahead.take()
+    assert len(taken) <= 3  # a step that stops here leaves the rest of the epoch unread
