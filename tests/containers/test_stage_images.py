@@ -13,7 +13,6 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.config import load_config
 from eagle3.errors import Eagle3Error, StageError
 from eagle3.k8s.backend import KubernetesBackend
 from tests.k8s.fake_kube import FakeKubeApi
