@@ -16,9 +16,11 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import torch
+
+from eagle3.train.data import Batch
 
 T = TypeVar("T")
 _END = object()
@@ -85,48 +87,37 @@ class Prefetcher(Generic[T]):
         self.close()
 
 
-class ToDevice(Protocol):
-    def to(self, device: torch.device) -> ToDevice: ...
+class AheadOnDevice:
+    """Host batches → device batches; on CUDA each batch's copy is issued on a side stream one
+    batch ahead (the first when this is made), so it runs while the step before computes.
 
-    def tensors(self) -> tuple[torch.Tensor, ...]: ...
-
-
-B = TypeVar("B", bound=ToDevice)
-_UNSET = object()
-
-
-class AheadOnDevice(Generic[B]):
-    """Host batches → device batches; on CUDA the next batch's copy is issued on a side
-    stream when a batch is taken, so it runs while that batch's step computes.
-
-    Takes at most one batch from ``source`` ahead of the one handed out. Elsewhere (CPU,
-    or no CUDA device) :meth:`take` is ``next(source).to(device)``.
+    Holds at most one batch taken from ``source`` and not yet handed out. Elsewhere (CPU)
+    :meth:`take` is ``next(source).to(device)``.
     """
 
-    def __init__(self, source: Iterator[B], device: torch.device) -> None:
+    def __init__(self, source: Iterator[Batch], device: torch.device) -> None:
         self.source, self.device = source, device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._ahead: object = _UNSET  # the next batch, its copy issued (None: the source is exhausted)
+        self._ahead = self._issue() if self.stream is not None else None  # its copy issued; None: exhausted
 
-    def _issue(self) -> B | None:
+    def _issue(self) -> Batch | None:
         host = next(self.source, None)
-        if host is None or self.stream is None:
-            return host
+        if host is None:
+            return None
         with torch.cuda.stream(self.stream):
             return host.to(self.device)  # page-locked host memory: an asynchronous copy on the side stream
 
-    def take(self) -> B | None:
+    def take(self) -> Batch | None:
         """The next batch on the device, or None once the source is exhausted."""
-        current = self._issue() if self._ahead is _UNSET else self._ahead
-        if current is None:
-            self._ahead = None
-            return None
         if self.stream is None:
-            self._ahead = _UNSET
-            return current.to(self.device)  # type: ignore[return-value]
+            host = next(self.source, None)
+            return None if host is None else host.to(self.device)
+        current = self._ahead
+        if current is None:
+            return None
         compute = torch.cuda.current_stream(self.device)
         compute.wait_stream(self.stream)  # the step starts after its batch has arrived
         for t in current.tensors():
             t.record_stream(compute)  # freed after the step, not after the copy
         self._ahead = self._issue()
-        return current  # type: ignore[return-value]
+        return current
