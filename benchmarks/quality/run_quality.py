@@ -56,7 +56,7 @@ class Bench:
         self.store = self.work / "store"
         self.py = sys.executable
         self.warm: threading.Thread | None = None  # spec_warm beside the target's training
-        self.warm_in_background, self.warm_status = False, "not run"
+        self.warm_status = "not run"
         self.target_over = threading.Event()  # make_target has exited (its untrained copy is there or never will be)
 
     # -- plumbing ---------------------------------------------------------------------
@@ -167,7 +167,7 @@ class Bench:
 
     # -- steps ------------------------------------------------------------------------
 
-    def step_target(self) -> dict:
+    def step_target(self, warm_beside: bool = False) -> dict:
         cmd = [self.py, str(HERE / "make_target.py"), "--work", str(self.work)]
         if self.a.tiny:
             cmd += ["--tiny", "--corpus-root", str(self.a.corpus_root)] if self.a.corpus_root else ["--tiny"]
@@ -175,7 +175,7 @@ class Bench:
             cmd += ["--train-seconds", str(self.a.target_seconds)]
         if self.a.prompts_train:
             cmd += ["--prompts-train", str(self.a.prompts_train)]
-        if self.warm_in_background:
+        if warm_beside:  # spec_warm in a thread, on the untrained target make_target saves first
             init = self.work / "target_init"
             shutil.rmtree(init, ignore_errors=True)
             cmd += ["--init-dir", str(init)]
@@ -356,9 +356,7 @@ class Bench:
             cmds["q-spec"] = [self.py, "-m", "eagle3", "stage", "evaluate", "-c", str(self.config("q-spec"))]
         if self.done("train_fp8"):
             cmds["q-fp8"] = pipeline + [str(self.config("q-fp8", "float8_e4m3fn"))]
-        if not cmds:
-            raise StepFailed("no drafter is trained")
-        rcs = self.sh_all(cmds, reserve_s=10)
+        rcs = self.sh_all(cmds, reserve_s=10)  # run() starts this step only when some drafter is trained
         out = {"exit_codes": rcs}
         for run in ("q-bf16", "q-fp8"):
             if run in cmds:
@@ -366,8 +364,10 @@ class Bench:
         if "q-spec" in cmds:
             self.save("spec", {"train": self.done("train_spec")["train"],
                                "evaluate": stage_info(self.store, "q-spec", "evaluate")})
+        partial = self.work / "results" / "evaluate_partial.json"
+        partial.unlink(missing_ok=True)  # an earlier cut-off attempt's numbers must not outlive this one
         if any(rcs.values()):
-            out["partial"] = partial_acceptance(self.store, list(cmds))
+            out["partial"] = partial_acceptance(self.store, list(cmds), self.a.draft_tokens)
             self.save("evaluate_partial", out)
             raise StepFailed(f"evaluate exit codes {rcs}; acceptance on the prompts every run finished: "
                              f"{ {r: v.get('mean_acceptance_length') for r, v in out['partial'].items()} }")
@@ -397,14 +397,14 @@ class Bench:
                  "train_spec": ("spec_data",), "train_fp8": ("prep",)}
         timed = ("train_ours", "train_spec", "train_fp8")
         # speculators' compile beside the target's training, when both are still to do in this call
-        self.warm_in_background = "target" in steps and "spec_warm" in steps and not self.done("target") \
+        warm_beside = "target" in steps and "spec_warm" in steps and not self.done("target") \
             and not self.done("spec_warm")
         status = {}
         for step in steps:
             if self.done(step) and step != "plot":  # the plot is redrawn with whatever finished
                 status[step] = "done earlier"
                 continue
-            if step == "spec_warm" and self.warm_in_background:
+            if step == "spec_warm" and warm_beside:
                 status[step] = "running beside target" if self.warm is not None else self.warm_status
                 continue
             missing = [n for n in needs.get(step, ()) if not self.done(n)]
@@ -424,8 +424,8 @@ class Bench:
             t0 = time.monotonic()
             self.log(f"step {step}")
             try:
-                fn = {"target": self.step_target, "spec_warm": self.step_spec_warm, "prep": self.step_prep,
-                      "spec_data": self.step_spec_data, "train_ours": self.step_train_ours,
+                fn = {"target": lambda: self.step_target(warm_beside), "spec_warm": self.step_spec_warm,
+                      "prep": self.step_prep, "spec_data": self.step_spec_data, "train_ours": self.step_train_ours,
                       "train_spec": self.step_train_spec, "train_fp8": self.step_train_fp8,
                       "evaluate": self.step_evaluate, "plot": self.step_plot}[step]
                 res = fn()
@@ -504,17 +504,21 @@ def collect_run(store: Path, run: str) -> dict:
     return {"run": run, "stages": stages}
 
 
-def partial_acceptance(store: Path, runs: list[str]) -> dict:
-    """Acceptance from the per-prompt results the runs' evaluate stages journaled, over the
-    prompts every run finished (the same prompts for each), when a deadline cut them short."""
+def partial_acceptance(store: Path, runs: list[str], k: int) -> dict:
+    """The acceptance report (eagle3.evaluate.report.summarize) of the per-prompt results the runs'
+    evaluate stages journaled, over the prompts every run finished, when a deadline cut them short."""
+    from eagle3.evaluate.report import summarize as acceptance_report
+
     journaled = {r: {p.name: json.loads(p.read_text()) for p in (store / r / "evaluate" / "prompts").glob("*.json")}
                  for r in runs}
     common = sorted(set.intersection(*(set(j) for j in journaled.values()))) if journaled else []
     out = {}
     for r, j in journaled.items():
-        lengths = [a for name in common for a in j[name]["accept_lengths"]]
-        out[r] = {"prompts": len(common),
-                  "mean_acceptance_length": round(sum(lengths) / len(lengths), 4) if lengths else None}
+        done = [j[name] for name in common]
+        rep = acceptance_report(k, [a for d in done for a in d["accept_lengths"]],
+                                [sum(d["accepted_at"][i] for d in done) for i in range(k)],
+                                sum(d["tokens_generated"] for d in done))
+        out[r] = {"prompts": len(common), **rep}
     return out
 
 
