@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
+sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 
 
 def timed(fn, device: torch.device):
@@ -43,12 +43,16 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=300)
     ap.add_argument("--draft-tokens", type=int, default=7)
-    ap.add_argument("--small", action="store_true", help="a tiny shape (CPU smoke test)")
+    ap.add_argument("--small", action="store_true", help="make_target's tiny recipe (CPU smoke test)")
+    ap.add_argument("--draft-vocab", type=int, default=None, help="default 16384 (512 with --small)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from types import SimpleNamespace
+
+    from make_target import TINY, TargetRecipe, build_model
 
     from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
+    from eagle3.drafter.settings import DrafterSettings
     from eagle3.evaluate.batched import BatchedSpeculativeDecoder
     from eagle3.evaluate.spec_decode import SpeculativeDecoder, greedy_generate
     from eagle3.extract.capture import HiddenCapture, find_decoder_stack
@@ -56,33 +60,22 @@ def main() -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shape = dict(vocab_size=64000, hidden_size=640, num_hidden_layers=12, num_attention_heads=10,
-                 num_key_value_heads=2, intermediate_size=1728, draft_vocab=16384)
-    if a.small:
-        shape = dict(vocab_size=2048, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                     num_key_value_heads=2, intermediate_size=128, draft_vocab=512)
-    draft_vocab = shape.pop("draft_vocab")
+    recipe = TINY if a.small else TargetRecipe()  # make_target.py's shapes, random weights
+    draft_vocab = a.draft_vocab or (512 if a.small else 16384)  # run_quality.py's defaults
     torch.manual_seed(0)
     res: dict = {"device": str(device), "batch": a.batch, "new_tokens": a.new_tokens, "draft_tokens": a.draft_tokens}
-
-    def make():
-        cfg = LlamaConfig(**shape, max_position_embeddings=4096, tie_word_embeddings=False)
-        return LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
-
-    target, res["target_create_s"] = timed(make, device)
-    n = shape["num_hidden_layers"]
+    special = SimpleNamespace(bos_token_id=0, eos_token_id=1, pad_token_id=2)  # no tokenizer needed
+    target, res["target_create_s"] = timed(lambda: build_model(recipe, special).to(device=device, dtype=dtype).eval(),
+                                           device)
+    n = recipe.num_layers
     aux = default_aux_layer_ids(n)
-    h = shape["hidden_size"]
-    dcfg = DrafterConfig(hidden_size=h, target_hidden_size=h, intermediate_size=shape["intermediate_size"],
-                         num_attention_heads=shape["num_attention_heads"],
-                         num_key_value_heads=shape["num_key_value_heads"], head_dim=h // shape["num_attention_heads"],
-                         vocab_size=shape["vocab_size"], draft_vocab_size=draft_vocab, aux_layer_ids=aux)
+    dcfg = DrafterConfig.from_target(target.config, DrafterSettings(), draft_vocab, aux)
     drafter = Eagle3Drafter(dcfg)
     drafter.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight.float())
     drafter = drafter.to(device=device, dtype=dtype).eval()
     d2t = torch.zeros(draft_vocab, dtype=torch.long)  # draft i -> target i
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, shape["vocab_size"], (a.prompt_tokens + 7 * i,), generator=g).tolist()
+    prompts = [torch.randint(3, recipe.vocab_size, (a.prompt_tokens + 7 * i,), generator=g).tolist()
                for i in range(a.batch)]
     eos = {-1}  # never: every prompt runs its full new_tokens
     with HiddenCapture(find_decoder_stack(target, n), aux) as capture:
