@@ -7,7 +7,7 @@
 #        FLAGS go to run_quality.py. speculators' inductor cache comes back as $OUT/spec_inductor.tgz.part-*;
 #        put those files in .inductor/ and carry [".whl", ".inductor"] to start the next machine warm.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
-# Missing Python packages travel as wheels in .whl/ (carry: [".whl"]) and go to /tmp/site.
+# Missing Python packages travel as wheels in .whl/ (made here by fetch_wheels.sh; carry: [".whl"]) and go to /tmp/site.
 set -o pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 t0=$(date +%s)
