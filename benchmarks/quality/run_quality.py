@@ -19,6 +19,9 @@ training is timed, and untimed work overlaps.
 7. ``evaluate``   every trained drafter through our evaluate stage on the same held-out prompts,
    all at once (acceptance is not timed); results ``ours_bf16``, ``spec``, ``ours_fp8``.
 8. ``plot``       acceptance per position of every system that finished; one JSON summary.
+9. ``diagnose``   diagnose_ttt.py on q-bf16's drafter, and on one drafter per ``--variant
+   NAME:key=value,...`` (q-bf16's samples and hidden states, train settings overridden, run
+   ``q-v-NAME``): training-time accuracy per TTT step against token-by-token drafting.
 
 Every step checks the time left (``--budget-s``) before it starts and runs its commands
 under that deadline, so a slow step cuts itself short and the summary is still written.
@@ -43,7 +46,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PORT = 8123
-STEPS = ("target", "spec_warm", "prep", "spec_data", "train_ours", "train_spec", "train_fp8", "evaluate", "plot")
+STEPS = ("target", "spec_warm", "prep", "spec_data", "train_ours", "train_spec", "train_fp8", "evaluate", "plot",
+         "diagnose")
 RESULTS = STEPS + ("ours_bf16", "spec", "ours_fp8", "evaluate_partial")  # written by the evaluate step
 
 
@@ -110,7 +114,7 @@ class Bench:
 
     # -- configs ----------------------------------------------------------------------
 
-    def config(self, run: str, storage_dtype: str = "bfloat16") -> Path:
+    def config(self, run: str, storage_dtype: str = "bfloat16", train: dict | None = None) -> Path:
         a, tiny = self.a, self.a.tiny
         cfg = {
             "run_id": run,
@@ -128,7 +132,7 @@ class Bench:
             "train": {"epochs": a.epochs, "batch_tokens": a.batch_tokens, "max_seq_len": 2048, "lr": a.lr,
                       "warmup_steps": a.warmup_steps, "ttt_steps": 7, "ttt_decay": 0.8,
                       "checkpoint_every": 100000, "log_every": 5, "eval_fraction": 0.02, "weight_decay": 0.0,
-                      "compile": a.train_compile},
+                      "compile": a.train_compile, **(train or {})},
             "evaluate": {"prompts": str(self.work / "prompts_heldout.jsonl"), "num_prompts": a.eval_prompts,
                          "num_draft_tokens": a.draft_tokens, "max_new_tokens": a.eval_new_tokens,
                          "workers": a.eval_workers, "batch_size": a.eval_batch},
@@ -267,8 +271,9 @@ class Bench:
 
     # -- the race -----------------------------------------------------------------------
 
-    def pipeline(self, run: str, storage_dtype: str, need_server: bool, until: str | None = None) -> int:
-        cfg = self.config(run, storage_dtype)
+    def pipeline(self, run: str, storage_dtype: str, need_server: bool, until: str | None = None,
+                 train: dict | None = None) -> int:
+        cfg = self.config(run, storage_dtype, train)
         server = self.start_server() if need_server else None
         cmd = [self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(cfg)]
         try:
@@ -373,6 +378,40 @@ class Bench:
                              f"{ {r: v.get('mean_acceptance_length') for r, v in out['partial'].items()} }")
         return out
 
+    def train_info(self, run: str) -> dict:
+        """The train stage's stats, with steady tokens/s from its metrics (compile start-up left out)."""
+        from summarize import steady
+
+        metrics = self.store / run / "train" / "metrics.jsonl"
+        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+        return {**stage_info(self.store, run, "train"), "steady_tokens_per_s": steady(records)}
+
+    def diagnose_run(self, run: str) -> dict:
+        out = self.work / "diagnose" / f"{run}.json"
+        cmd = [self.py, str(HERE / "diagnose_ttt.py"), "--store", str(self.store), "--run", run,
+               "--steps", "7", "--batch-tokens", str(self.a.batch_tokens), "--max-seq-len", "2048", "--out", str(out)]
+        if self.sh(cmd, reserve_s=5) != 0:
+            raise StepFailed(f"diagnose_ttt failed on {run}")
+        return json.loads(out.read_text())
+
+    def step_diagnose(self) -> dict:
+        """q-bf16's drafter, then each --variant trained on q-bf16's hidden states and diagnosed."""
+        result = {"q-bf16": {"train": self.train_info("q-bf16"), "diagnose": self.diagnose_run("q-bf16")}}
+        for name, overrides in self.a.variant:
+            run = f"q-v-{name}"
+            for stage in ("generate", "vocab", "extract"):
+                if not self.manifest(run, stage):
+                    clone_stage(self.store, "q-bf16", run, stage)
+            self.log(f"variant {name}: train {overrides}")
+            if self.pipeline(run, "bfloat16", need_server=False, until="train", train=overrides) != 0:
+                result[run] = {"overrides": overrides, "error": "train failed"}
+                continue
+            result[run] = {"overrides": overrides, "train": self.train_info(run),
+                           "diagnose": self.diagnose_run(run)}
+            (self.out / "diagnose.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        (self.out / "diagnose.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        return result
+
     def step_plot(self) -> dict:
         from plot_quality import plot_acceptance
 
@@ -391,10 +430,10 @@ class Bench:
         estimates = {"target": 60 if tiny else 200, "spec_warm": 60 if tiny else 330, "prep": 40 if tiny else 200,
                      "spec_data": 20 if tiny else 45, "train_ours": 40 if tiny else 90,
                      "train_spec": 40 if tiny else 120, "train_fp8": 40 if tiny else 100,
-                     "evaluate": 30 if tiny else 120, "plot": 5}
+                     "evaluate": 30 if tiny else 120, "plot": 5, "diagnose": 30 if tiny else 60}
         resumable = ("prep", "train_ours", "train_fp8", "evaluate")  # our stages resume where a cut-off call left them
         needs = {"spec_warm": ("target",), "prep": ("target",), "spec_data": ("prep",), "train_ours": ("prep",),
-                 "train_spec": ("spec_data",), "train_fp8": ("prep",)}
+                 "train_spec": ("spec_data",), "train_fp8": ("prep",), "diagnose": ("train_ours",)}
         timed = ("train_ours", "train_spec", "train_fp8")
         # speculators' compile beside the target's training, when both are still to do in this call
         warm_beside = "target" in steps and "spec_warm" in steps and not self.done("target") \
@@ -427,7 +466,7 @@ class Bench:
                 fn = {"target": lambda: self.step_target(warm_beside), "spec_warm": self.step_spec_warm,
                       "prep": self.step_prep, "spec_data": self.step_spec_data, "train_ours": self.step_train_ours,
                       "train_spec": self.step_train_spec, "train_fp8": self.step_train_fp8,
-                      "evaluate": self.step_evaluate, "plot": self.step_plot}[step]
+                      "evaluate": self.step_evaluate, "plot": self.step_plot, "diagnose": self.step_diagnose}[step]
                 res = fn()
                 res["step_seconds"] = round(time.monotonic() - t0, 1)
                 self.save(step, res)
@@ -449,6 +488,19 @@ class Bench:
 
 class StepFailed(Exception):
     pass
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """'NAME:key=value,key=value' → (NAME, {key: value}) with YAML scalars (false, 3, 0.5, sdpa)."""
+    import yaml
+
+    name, _, rest = text.partition(":")
+    if not name or not name.replace("-", "").replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(f"variant {text!r}: NAME:key=value,... with a plain name")
+    pairs = [p.split("=", 1) for p in rest.split(",") if p]
+    if any(len(p) != 2 for p in pairs):
+        raise argparse.ArgumentTypeError(f"variant {text!r}: each setting is key=value")
+    return name, {k.strip(): yaml.safe_load(v) for k, v in pairs}
 
 
 def clone_stage(store: Path, src: str, dst: str, stage: str) -> bool:
@@ -547,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-workers", type=int, default=3, help="evaluate: processes decoding prompts in parallel")
     ap.add_argument("--eval-batch", type=int, default=16, help="evaluate: prompts decoded in lockstep per process")
     ap.add_argument("--serve-batch", type=int, default=1024)
+    ap.add_argument("--variant", type=parse_variant, action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                    help="diagnose: also train with these train settings (e.g. eager:compile=false,attention=sdpa)")
     a = ap.parse_args(argv)
     if a.draft_vocab is None:  # the tiny target's whole vocab is 2048
         a.draft_vocab = 512 if a.tiny else 16384

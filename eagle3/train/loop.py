@@ -112,7 +112,6 @@ class TrainJob:
     output: StageOutput | None  # rank 0 only
     scratch: Path
     progress: Callable[..., None] = lambda *a, **k: None
-    attention: str | None = None  # None: flex on CUDA, sdpa on CPU
 
 
 def _reduce(t: torch.Tensor, env: DistEnv, op: Any = None) -> torch.Tensor:
@@ -137,7 +136,7 @@ def _build(job: TrainJob, env: DistEnv) -> tuple[torch.nn.Module, TTTObjective]:
     drafter = Eagle3Drafter(job.drafter_cfg)
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(job.embed_weight)
-    attention = job.attention or ("flex" if env.device.type == "cuda" else "sdpa")
+    attention = s.attention if s.attention != "auto" else ("flex" if env.device.type == "cuda" else "sdpa")
     compiled = s.compile and env.device.type == "cuda" and not (env.distributed and s.strategy == "fsdp")
     objective = TTTObjective(drafter, s.ttt_steps, s.ttt_decay, attention=attention, compiled=compiled).to(env.device)
     dtype = torch.bfloat16 if env.device.type == "cuda" else torch.float32
@@ -275,7 +274,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
     while epoch < total_epochs and step < max_steps:
         limit = math.ceil(frac * per_epoch) if epoch == full_epochs else None
         with Prefetcher(job.plan.iterate(job.open_shard, epoch, dtype, skip=batch_idx, pad_to=pad_to, pin=cuda)) as it:
-            on_device = AheadOnDevice(it, env.device)
+            on_device = AheadOnDevice(it, env.device, side_stream=s.copy_ahead)
             while step < max_steps:
                 b: Batch | None = on_device.take() if limit is None or batch_idx < limit else None
                 no_batch, stopping = _agree(env, b is None, stop())

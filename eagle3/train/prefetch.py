@@ -91,13 +91,13 @@ class AheadOnDevice:
     """Host batches → device batches; on CUDA each batch's copy is issued on a side stream one
     batch ahead (the first when this is made), so it runs while the step before computes.
 
-    Holds at most one batch taken from ``source`` and not yet handed out. Elsewhere (CPU)
-    :meth:`take` is ``next(source).to(device)``.
+    Holds at most one batch taken from ``source`` and not yet handed out. Elsewhere (CPU, or
+    ``side_stream=False``) :meth:`take` is ``next(source).to(device)``.
     """
 
-    def __init__(self, source: Iterator[Batch], device: torch.device) -> None:
+    def __init__(self, source: Iterator[Batch], device: torch.device, side_stream: bool = True) -> None:
         self.source, self.device = source, device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" and side_stream else None
         self._ahead = self._issue() if self.stream is not None else None  # its copy issued; None: exhausted
 
     def _issue(self) -> Batch | None:

@@ -29,4 +29,8 @@ class TrainSettings(BaseModel):
     strategy: str = Field("ddp", pattern="^(ddp|fsdp)$", description="ddp, or fsdp for large drafters.")
     compile: bool = Field(True, description="On CUDA: torch.compile the drafter layer and the fused draft-head KL "
                           "(each falls back to eager, with one warning, where it cannot compile). Not with fsdp.")
+    attention: str = Field("auto", pattern="^(auto|flex|sdpa)$", description="TTT attention: flex (block-sparse, "
+                           "compiled on CUDA) or sdpa (dense mask); auto = flex on CUDA, sdpa on CPU.")
+    copy_ahead: bool = Field(True, description="On CUDA: copy each batch to the GPU one step ahead on a side stream "
+                             "(off: on the compute stream when the step takes it).")
     eval_fraction: float = Field(0.02, ge=0, lt=1, description="Share of samples held out for validation metrics.")
