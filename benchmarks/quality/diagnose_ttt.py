@@ -70,16 +70,32 @@ def gold_per_step(teacher_head: torch.Tensor, b: Batch, steps: int) -> tuple[tor
     return gold, counted
 
 
+def _rms(x: torch.Tensor, rows: torch.Tensor) -> float:
+    """Root mean square over the selected rows [B, T] of x [B, T, H]."""
+    return float(x.float()[rows].pow(2).mean().sqrt()) if rows.any() else float("nan")
+
+
 @torch.no_grad()
-def ttt_argmax(drafter: Eagle3Drafter, b: Batch, steps: int, autocast: bool) -> torch.Tensor:
-    """[S, B, T] draft argmax per TTT step (SDPA attention, teacher forcing)."""
+def ttt_argmax(drafter: Eagle3Drafter, b: Batch, steps: int, autocast: bool,
+               scales: dict[str, list[float]] | None = None) -> torch.Tensor:
+    """[S, B, T] draft argmax per TTT step (SDPA attention, teacher forcing). ``scales``
+    (optional) gets, over real rows: the aux inputs' and fc output's RMS, and per step the
+    RMS of the hidden fed in and of what the layer adds to it."""
     cache = TTTCache("sdpa")
     preds = []
+    real = b.loss_mask.bool() | (b.input_ids != 0)
     with torch.autocast(b.aux_hidden.device.type, dtype=torch.bfloat16, enabled=autocast):
         hidden = drafter.project_aux(b.aux_hidden)
+        if scales is not None:
+            scales.setdefault("aux_rms", []).append(_rms(b.aux_hidden, real))
+            scales.setdefault("fc_out_rms", []).append(_rms(hidden, real))
         for k in range(steps):
             tokens, positions, _ = step_inputs(b.input_ids, b.loss_mask, k)
+            before = hidden
             hidden = drafter.step_hidden(tokens, hidden, positions, cache)
+            if scales is not None:
+                scales.setdefault(f"hidden_in_rms_{k}", []).append(_rms(before, real))
+                scales.setdefault(f"layer_delta_rms_{k}", []).append(_rms(hidden.float() - before.float(), real))
             preds.append(drafter.logits(hidden).argmax(-1))
     return torch.stack(preds)
 
@@ -138,13 +154,15 @@ def diagnose(store: Path, run: str, a: argparse.Namespace) -> dict:
     s = a.steps
     views: dict[str, dict[str, list]] = {}
     sums: dict[str, list[torch.Tensor]] = {"ttt": [], "ttt_bf16": [], "decode": [], "agree": []}
-    counted_all, decode_counted = [], []
+    counted_all, decode_counted, same_as_first = [], [], []
+    scales: dict[str, list[float]] = {}
     gen = torch.Generator().manual_seed(0)
     split, batches = held_out_batches(store, run, a, torch.bfloat16 if bf16 else torch.float32)
     for hb in batches:
         b = hb.to(device)
         gold, counted = gold_per_step(teacher, b, s)
-        ttt = ttt_argmax(drafter, b, s, autocast=bf16)
+        ttt = ttt_argmax(drafter, b, s, autocast=bf16, scales=scales)
+        same_as_first.append((ttt == ttt[:1]).flatten(1))
         low = ttt_argmax(drafter_low, b, s, autocast=False)
         sums["ttt"].append((ttt == gold).flatten(1))
         sums["ttt_bf16"].append((low == gold).flatten(1))
@@ -166,6 +184,9 @@ def diagnose(store: Path, run: str, a: argparse.Namespace) -> dict:
             decode_counted.append(counted[:, ii, tt])
     c = torch.cat(counted_all, 1)
     views["ttt"] = per_step(torch.cat(sums["ttt"], 1), c)
+    same = torch.cat(same_as_first, 1)
+    # A chain that does not advance predicts at every step what step 0 predicted.
+    views["ttt"]["same_argmax_as_step0"] = [round(float(same[k][c[k]].float().mean()), 4) for k in range(s)]
     views["ttt_bf16"] = per_step(torch.cat(sums["ttt_bf16"], 1), c)
     if decode_counted:
         dc = torch.cat(decode_counted, 1)
@@ -174,7 +195,9 @@ def diagnose(store: Path, run: str, a: argparse.Namespace) -> dict:
         views["decode"]["agrees_with_ttt_bf16"] = [round(float(agree[k].float().mean()), 4) for k in range(s)]
         views["decode"]["rows"] = int(dc.shape[1])
     views["ttt"]["rows_counted_step0"] = int(c[0].sum())
-    return {"run": run, "drafter": str(weights), "device": device.type, "samples": split, "views": views}
+    mean_scales = {k: round(sum(v) / len(v), 4) for k, v in scales.items()}
+    return {"run": run, "drafter": str(weights), "device": device.type, "samples": split, "views": views,
+            "scales": mean_scales}
 
 
 def main(argv: list[str] | None = None) -> int:

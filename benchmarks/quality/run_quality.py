@@ -395,8 +395,10 @@ class Bench:
         return json.loads(out.read_text())
 
     def step_diagnose(self) -> dict:
-        """q-bf16's drafter, then each --variant trained on q-bf16's hidden states and diagnosed."""
-        result = {"q-bf16": {"train": self.train_info("q-bf16"), "diagnose": self.diagnose_run("q-bf16")}}
+        """q-bf16's drafter (when trained), then each --variant trained on q-bf16's hidden states and diagnosed."""
+        result = {}
+        if self.done("train_ours"):
+            result["q-bf16"] = {"train": self.train_info("q-bf16"), "diagnose": self.diagnose_run("q-bf16")}
         for name, overrides in self.a.variant:
             run = f"q-v-{name}"
             for stage in ("generate", "vocab", "extract"):
@@ -433,7 +435,7 @@ class Bench:
                      "evaluate": 30 if tiny else 120, "plot": 5, "diagnose": 30 if tiny else 60}
         resumable = ("prep", "train_ours", "train_fp8", "evaluate")  # our stages resume where a cut-off call left them
         needs = {"spec_warm": ("target",), "prep": ("target",), "spec_data": ("prep",), "train_ours": ("prep",),
-                 "train_spec": ("spec_data",), "train_fp8": ("prep",), "diagnose": ("train_ours",)}
+                 "train_spec": ("spec_data",), "train_fp8": ("prep",), "diagnose": ("prep",)}
         timed = ("train_ours", "train_spec", "train_fp8")
         # speculators' compile beside the target's training, when both are still to do in this call
         warm_beside = "target" in steps and "spec_warm" in steps and not self.done("target") \

@@ -136,6 +136,10 @@ def _build(job: TrainJob, env: DistEnv) -> tuple[torch.nn.Module, TTTObjective]:
     drafter = Eagle3Drafter(job.drafter_cfg)
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(job.embed_weight)
+        if s.init_std is not None:
+            for m in drafter.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.weight.normal_(0.0, s.init_std)
     attention = s.attention if s.attention != "auto" else ("flex" if env.device.type == "cuda" else "sdpa")
     compiled = s.compile and env.device.type == "cuda" and not (env.distributed and s.strategy == "fsdp")
     objective = TTTObjective(drafter, s.ttt_steps, s.ttt_decay, attention=attention, compiled=compiled).to(env.device)
@@ -203,7 +207,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
     wrapped, objective = _build(job, env)
     params = [p for p in objective.parameters() if p.requires_grad]
     fused = env.device.type == "cuda" and s.strategy != "fsdp"
-    optimizer = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95), fused=fused or None)
+    optimizer = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, s.adam_beta2), fused=fused or None)
     per_epoch = job.plan.estimated_batches_per_epoch()
     horizon = math.ceil(s.epochs * per_epoch)
     if s.max_steps is not None:

@@ -20,6 +20,9 @@ class TrainSettings(BaseModel):
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decays to lr·min_lr_ratio.")
     warmup_steps: int = Field(100, ge=0)
     weight_decay: float = Field(0.0, ge=0)
+    adam_beta2: float = Field(0.95, gt=0, lt=1, description="AdamW's second-moment decay (beta1 is 0.9).")
+    init_std: float | None = Field(None, gt=0, description="Initial weights of every drafter linear layer ~ "
+                                   "normal(0, init_std), as HF's initializer_range; unset: PyTorch's default init.")
     grad_clip: float = Field(0.5, gt=0)
     checkpoint_every: int = Field(500, ge=1, description="Optimizer steps between checkpoints (and on SIGTERM).")
     log_every: int = Field(10, ge=1)
