@@ -16,6 +16,14 @@ fused, chunk by chunk (:mod:`eagle3.drafter.linear_kl`), only over counted rows.
 
 Loss of step k: forward KL(p_teacher || q_draft) averaged over counted rows; total
 loss = sum_k decay**k · loss_k. Accuracy of step k: argmax q == argmax p.
+
+Accuracy per step is teacher-forced: step k is fed the true tokens whatever steps before
+it predicted. Decoding accepts step k only after steps 0..k-1 were accepted, so with
+``chain=True`` (held-out evaluation) the objective also counts the *chained* accuracy —
+step k right among the rows where steps 0..k-1 were right — which is what the evaluate
+stage's conditional acceptance per position measures, and how often step k predicts the
+same token as step 0 (a chain that does not advance repeats step 0's token at every step:
+high teacher-forced accuracy on repetitive text, near-zero chained accuracy).
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ class TTTResult:
     step_loss: Tensor  # [S] detached mean KL per step
     step_acc: Tensor  # [S] detached top-1 agreement per step
     step_count: Tensor  # [S] counted rows per step
+    chain: Tensor | None = None  # [4, S] with chain=True: see ChainCounter.sums
 
 
 def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -93,6 +102,39 @@ def step_kl(
     return kl, hits, torch.tensor(idx.numel(), device=hidden.device)
 
 
+class ChainCounter:
+    """Per-row bookkeeping of the chained accuracy across the TTT steps of one batch (no grad).
+
+    ``sums`` [4, S]: rows right at step k among ``sums[1]``; rows counted at steps 0..k and
+    right at steps 0..k-1; rows whose step-k argmax is step 0's among ``sums[3]``; rows
+    counted at step 0 and at step k."""
+
+    def __init__(self, rows: int, steps: int, device: torch.device) -> None:
+        self.all_hit = torch.ones(rows, dtype=torch.bool, device=device)  # right at every step so far
+        self.all_counted = torch.ones(rows, dtype=torch.bool, device=device)
+        self.first = torch.full((rows,), -1, dtype=torch.long, device=device)  # step 0's argmax
+        self.sums = torch.zeros(4, steps, dtype=torch.long, device=device)
+
+    @torch.no_grad()
+    def step(self, drafter: Eagle3Drafter, teacher: Tensor, row_of: Tensor, hidden: Tensor, counted: Tensor, k: int) -> None:
+        idx = counted.flatten().nonzero().squeeze(-1)
+        pred = drafter.logits(hidden.flatten(0, 1).index_select(0, idx)).argmax(-1)
+        gold = teacher.index_select(0, row_of.index_select(0, idx + 1 + k)).argmax(-1)
+        hit = torch.zeros_like(self.all_hit)
+        hit[idx] = pred == gold
+        flat_counted = counted.flatten()
+        before = self.all_hit & self.all_counted & flat_counted
+        self.sums[0, k] = (before & hit).sum()
+        self.sums[1, k] = before.sum()
+        if k == 0:
+            self.first[idx] = pred
+        first = self.first[idx]
+        self.sums[2, k] = ((pred == first) & (first >= 0)).sum()
+        self.sums[3, k] = (first >= 0).sum()
+        self.all_counted &= flat_counted
+        self.all_hit &= hit
+
+
 def ttt_loss(
     drafter: Eagle3Drafter,
     teacher_head: Tensor,
@@ -105,6 +147,7 @@ def ttt_loss(
     chunk_rows: int = 4096,
     attention: str = "sdpa",
     compiled: bool = False,
+    chain: bool = False,
 ) -> TTTResult:
     """input_ids [B, T], aux_hidden [B, T, 3Ht], final_hidden [B, T, Ht], loss_mask [B, T];
     teacher_head [N, Ht] = the target lm_head rows of the draft vocab."""
@@ -113,9 +156,12 @@ def ttt_loss(
     hidden = drafter.project_aux(aux_hidden)  # [B, T, H]
     losses, accs, counts = [], [], []
     total = hidden.new_zeros((), dtype=torch.float32)
+    counter = ChainCounter(input_ids.numel(), steps, input_ids.device) if chain else None
     for k in range(steps):
         tokens, positions, counted = step_inputs(input_ids, loss_mask, k)
         hidden = drafter.step_hidden(tokens, hidden, positions, cache)  # [B, T, H]
+        if counter is not None:
+            counter.step(drafter, teacher, row_of, hidden, counted, k)
         kl, hits, n = step_kl(drafter, teacher, row_of, hidden, counted, k, chunk_rows, compiled)
         denom = n.clamp_min(1)
         loss_k = kl / denom
@@ -123,7 +169,8 @@ def ttt_loss(
         losses.append(loss_k.detach())
         accs.append(hits.float() / denom)
         counts.append(n)
-    return TTTResult(total, torch.stack(losses), torch.stack(accs), torch.stack(counts))
+    return TTTResult(total, torch.stack(losses), torch.stack(accs), torch.stack(counts),
+                     None if counter is None else counter.sums)
 
 
 class TTTObjective(nn.Module):
@@ -154,10 +201,14 @@ class TTTObjective(nn.Module):
         finally:
             self.compiled, self.attention = saved
 
-    def forward(self, input_ids: Tensor, aux_hidden: Tensor, final_hidden: Tensor, loss_mask: Tensor) -> tuple[Tensor, ...]:
+    def forward(self, input_ids: Tensor, aux_hidden: Tensor, final_hidden: Tensor, loss_mask: Tensor,
+                chain: bool = False) -> tuple[Tensor, ...]:
+        """→ (loss, step_loss, step_acc, step_count), and the [4, S] chain counts with ``chain``."""
         assert self.teacher_head is not None, "set TTTObjective.teacher_head first"
         r = ttt_loss(
             self.drafter, self.teacher_head, input_ids, aux_hidden, final_hidden, loss_mask,
-            self.steps, self.decay, self.chunk_rows, self.attention, self.compiled,
+            self.steps, self.decay, self.chunk_rows, self.attention, self.compiled, chain,
         )
+        if r.chain is not None:
+            return r.loss, r.step_loss, r.step_acc, r.step_count, r.chain
         return r.loss, r.step_loss, r.step_acc, r.step_count

@@ -177,9 +177,10 @@ def _gather_rng(env: DistEnv) -> list[dict[str, Any]]:
 
 def _eval(wrapped: torch.nn.Module, objective: TTTObjective, job: TrainJob, env: DistEnv, dtype: torch.dtype,
           pad_to: int) -> dict[str, float]:
-    """Loss/accuracy per TTT step on the held-out samples (summed over ranks), uncompiled."""
+    """Loss/accuracy per TTT step on the held-out samples (summed over ranks), uncompiled; with the
+    chained accuracy (what decoding accepts) and how often each step repeats step 0's token."""
     steps = job.settings.ttt_steps
-    sums = torch.zeros(3, steps, dtype=torch.float64, device=env.device)  # loss·n, hits, n
+    sums = torch.zeros(7, steps, dtype=torch.float64, device=env.device)  # loss·n, hits, n, ChainCounter.sums
     it = job.plan.iterate(job.open_shard, 0, dtype, train=False, pad_to=pad_to)
     wrapped.eval()
     with torch.no_grad(), objective.eager():
@@ -189,8 +190,8 @@ def _eval(wrapped: torch.nn.Module, objective: TTTObjective, job: TrainJob, env:
                 break
             b = batch.to(env.device)
             with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=env.device.type == "cuda"):
-                _, sl, sa, sc = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask)
-            sums += torch.stack([sl.double() * sc, sa.double() * sc, sc.double()])
+                _, sl, sa, sc, chain = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask, chain=True)
+            sums += torch.cat([torch.stack([sl.double() * sc, sa.double() * sc, sc.double()]), chain.double()])
     wrapped.train()
     _reduce(sums, env)
     n = sums[2].clamp_min(1)
@@ -198,6 +199,8 @@ def _eval(wrapped: torch.nn.Module, objective: TTTObjective, job: TrainJob, env:
         return {}
     out = {f"eval_loss_{k}": float(sums[0, k] / n[k]) for k in range(steps)}
     out.update({f"eval_acc_{k}": float(sums[1, k] / n[k]) for k in range(steps)})
+    out.update({f"eval_chain_acc_{k}": float(sums[3, k] / sums[4, k].clamp_min(1)) for k in range(steps)})
+    out.update({f"eval_same_as_step0_{k}": float(sums[5, k] / sums[6, k].clamp_min(1)) for k in range(1, steps)})
     return out
 
 

@@ -8,6 +8,7 @@ when this runs, so every rank first waits at a barrier, then reads checkpoints.
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,18 @@ def _target_head(path: Path, draft_ids: torch.Tensor) -> tuple[torch.Tensor, tor
     return embed, teacher
 
 
+def chain_stalled(stats: dict[str, Any]) -> str | None:
+    """One line when the held-out metrics show a drafter chain that does not advance: TTT step 1
+    mostly repeats step 0's token and is rarely right after a right step 0 (decoding then accepts
+    about one draft token however many are proposed); None otherwise or without held-out data."""
+    same, chained, forced = (stats.get(k) for k in ("eval_same_as_step0_1", "eval_chain_acc_1", "eval_acc_1"))
+    if same is None or chained is None or forced is None or same < 0.5 or chained >= 0.5 * forced:
+        return None
+    return (f"the drafter's chain does not advance: TTT step 1 repeats step 0's token on {same:.0%} of held-out rows and "
+            f"is right on {chained:.1%} of rows after a right step 0 ({forced:.1%} teacher-forced); decoding will accept "
+            "little past the first draft token — train longer or with a higher train.lr")
+
+
 def run(ctx: StageContext) -> dict[str, Any]:
     s, env = ctx.cfg.train, init_distributed(ctx.cfg.train.device)
     if env.distributed:
@@ -92,6 +105,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
     finally:
         flag.restore()
     out = ctx.output
+    stalled = chain_stalled(result["stats"])
+    if out is not None and stalled:
+        print(f"train: warning: {stalled}", file=sys.stderr, flush=True)
     if out is not None:
         from eagle3.drafter.adapter import save_drafter_state
 

@@ -67,3 +67,59 @@ def test_nothing_counted_still_reaches_every_weight():
     r.loss.backward()
     assert r.loss.item() == 0.0 and r.step_count.tolist() == [0, 0]
     assert all(p.grad is not None for p in m.parameters() if p.requires_grad)
+
+
+def test_every_step_matches_plain_autograd_reference():
+    """Loss and gradients of every TTT step (not only step 0) equal full-logit autograd KL."""
+    from eagle3.drafter.model import TTTCache
+
+    target, ids, aux, final, _ = teacher_batch(b=2, t=20)
+    head = target.lm_head.weight.detach()[draft_ids()]
+    mask = torch.ones_like(ids, dtype=torch.uint8)
+    mask[0, :4] = 0
+    m = tiny_drafter()
+    params = [p for p in m.parameters() if p.requires_grad]
+    r = ttt_loss(m, head, ids, aux, final, mask, steps=4, decay=0.8, chunk_rows=5)
+    ours = torch.autograd.grad(r.loss, params)
+    cache, hidden, total, z = TTTCache("sdpa"), m.project_aux(aux), 0.0, final @ head.T
+    for k in range(4):
+        tokens, positions, counted = step_inputs(ids, mask, k)
+        hidden = m.step_hidden(tokens, hidden, positions, cache)
+        p = F.softmax(shift_left(z, 1 + k), -1)
+        kl = (p * (p.clamp_min(1e-30).log() - F.log_softmax(m.logits(hidden), -1))).sum(-1)[counted].mean()
+        torch.testing.assert_close(r.step_loss[k], kl.detach(), rtol=1e-4, atol=1e-6)
+        total = total + 0.8**k * kl
+    for a, b in zip(ours, torch.autograd.grad(total, params)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_chained_accuracy_counts_a_step_only_after_every_step_before_was_right():
+    """chain=True: per step, rows right at steps 0..k-1 (and counted through k), those also right
+    at k, and rows whose argmax repeats step 0's — checked against a brute-force count."""
+    from eagle3.drafter.model import TTTCache
+
+    target, ids, aux, final, _ = teacher_batch(b=2, t=20)
+    head = target.lm_head.weight.detach()[draft_ids()]
+    mask = torch.ones_like(ids, dtype=torch.uint8)
+    mask[1, :6] = 0
+    m = tiny_drafter()
+    with torch.no_grad():
+        r = ttt_loss(m, head, ids, aux, final, mask, steps=3, chain=True)
+        cache, hidden, z = TTTCache("sdpa"), m.project_aux(aux), final @ head.T
+        preds, golds, counts = [], [], []
+        for k in range(3):
+            tokens, positions, counted = step_inputs(ids, mask, k)
+            hidden = m.step_hidden(tokens, hidden, positions, cache)
+            preds.append(m.logits(hidden).argmax(-1))
+            golds.append(shift_left(z.argmax(-1), 1 + k))
+            counts.append(counted)
+    prior_right = torch.ones_like(counts[0])
+    prior_counted = torch.ones_like(counts[0])
+    for k in range(3):
+        hit = preds[k] == golds[k]
+        before = prior_right & prior_counted & counts[k]
+        assert r.chain[0, k] == (before & hit).sum() and r.chain[1, k] == before.sum()
+        both = counts[k] & counts[0]
+        assert r.chain[2, k] == (preds[k] == preds[0])[both].sum() and r.chain[3, k] == both.sum()
+        prior_right, prior_counted = prior_right & hit, prior_counted & counts[k]
+    assert r.chain[1, 0] == r.step_count[0] and r.chain[2, 0] == r.step_count[0]

@@ -70,6 +70,8 @@ def test_train_commits_drafter_metrics_and_last_two_checkpoints(upstream, tmp_pa
     stats = run_stage(cfg, "train")
     assert stats["steps"] == 6 and stats["world_size"] == 1 and stats["tokens"] > 0
     assert {f"final_acc_{k}" for k in range(3)} <= set(stats) and "eval_loss_0" in stats
+    assert {"eval_chain_acc_0", "eval_chain_acc_2", "eval_same_as_step0_1"} <= set(stats)
+    assert stats["eval_chain_acc_0"] == pytest.approx(stats["eval_acc_0"])  # step 0 has no step before it
     store = open_store(cfg.store.uri)
     m = read_manifest(store, "t", "train").manifest
     keys = m.keys()
@@ -166,3 +168,13 @@ def test_torchrun_two_cpu_processes_over_gloo(upstream, tmp_path, strategy):
     assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
     torch.testing.assert_close(load_file(store.local_path("t/train/drafter.safetensors"))["fc.weight"].sum(),
                                load_file(store.local_path("t/train/checkpoints/step-0000002/model.safetensors"))["drafter.fc.weight"].sum())
+
+
+def test_a_stalled_chain_is_named_in_one_line():
+    from eagle3.train.stage import chain_stalled
+
+    stalled = {"eval_same_as_step0_1": 0.82, "eval_chain_acc_1": 0.04, "eval_acc_1": 0.23}  # the H200 run-6 drafter
+    line = chain_stalled(stalled)
+    assert line is not None and "\n" not in line and "82%" in line
+    assert chain_stalled({"eval_same_as_step0_1": 0.05, "eval_chain_acc_1": 0.89, "eval_acc_1": 0.78}) is None  # tiny chain
+    assert chain_stalled({}) is None  # no held-out samples
