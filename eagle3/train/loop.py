@@ -140,6 +140,9 @@ def _build(job: TrainJob, env: DistEnv) -> tuple[torch.nn.Module, TTTObjective]:
             for m in drafter.modules():
                 if isinstance(m, torch.nn.Linear):
                     m.weight.normal_(0.0, s.init_std)
+        if s.lm_head != "random":
+            drafter.lm_head.weight.copy_(job.teacher_head)
+        drafter.lm_head.weight.requires_grad_(s.lm_head != "target-frozen")
     attention = s.attention if s.attention != "auto" else ("flex" if env.device.type == "cuda" else "sdpa")
     compiled = s.compile and env.device.type == "cuda" and not (env.distributed and s.strategy == "fsdp")
     objective = TTTObjective(drafter, s.ttt_steps, s.ttt_decay, attention=attention, compiled=compiled).to(env.device)

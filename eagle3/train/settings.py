@@ -21,6 +21,10 @@ class TrainSettings(BaseModel):
     warmup_steps: int = Field(100, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     adam_beta2: float = Field(0.95, gt=0, lt=1, description="AdamW's second-moment decay (beta1 is 0.9).")
+    lm_head: str = Field("target", pattern="^(target-frozen|target|random)$", description=(
+        "The draft head's start: the target's lm_head rows of the draft vocab, trained (target) or kept frozen "
+        "(target-frozen, as speculators does: no head gradient to compute); or a random init (random). From "
+        "the target's head the drafter's output starts in the target's own final-hidden space."))
     init_std: float | None = Field(None, gt=0, description="Initial weights of every drafter linear layer ~ "
                                    "normal(0, init_std), as HF's initializer_range; unset: PyTorch's default init.")
     grad_clip: float = Field(0.5, gt=0)
