@@ -15,7 +15,7 @@ training is timed, and untimed work overlaps.
 4. ``train_ours`` q-bf16's train and export stages (timed: waits for ``spec_warm``).
 5. ``train_spec`` the same drafter trained by speculators on the same samples (spec_train.py,
    timed), exported to our format as run ``q-spec``'s export stage.
-6. ``train_fp8``  run ``q-fp8``: q-bf16's generate output, extract with float8_e4m3fn storage, train, export.
+6. ``train_fp8``  run ``q-fp8``: q-bf16's generate and vocab output, extract with float8_e4m3fn storage, train, export.
 7. ``evaluate``   every trained drafter through our evaluate stage on the same held-out prompts,
    all at once (acceptance is not timed); results ``ours_bf16``, ``spec``, ``ours_fp8``.
 8. ``plot``       acceptance per position of every system that finished; one JSON summary.
@@ -298,9 +298,9 @@ class Bench:
         return {st: stage_info(self.store, "q-bf16", st) for st in ("train", "export")}
 
     def step_train_fp8(self) -> dict:
-        """q-fp8 = q-bf16's samples (its generate stage, copied), hidden states stored as fp8, trained alike."""
-        if not self.manifest("q-fp8", "generate"):
-            clone_stage(self.store, "q-bf16", "q-fp8", "generate")
+        """q-fp8 = q-bf16's samples and draft vocab (copied), hidden states stored as fp8, trained alike."""
+        if not self.manifest("q-fp8", "vocab"):
+            clone_rekeyed(self.store, "q-bf16", "q-fp8", ("generate", "vocab"), self.config("q-fp8", "float8_e4m3fn"))
         if self.pipeline("q-fp8", "float8_e4m3fn", need_server=False, until="export") != 0:
             raise StepFailed("q-fp8 vocab/extract/train/export failed")
         return {st: stage_info(self.store, "q-fp8", st) for st in ("vocab", "extract", "train", "export")}
@@ -347,7 +347,7 @@ class Bench:
             raise StepFailed("spec_train.py failed")
         # Run q-spec = q-bf16's generate + an export stage holding their drafter, for our evaluate stage.
         if not self.manifest("q-spec", "generate"):
-            clone_stage(self.store, "q-bf16", "q-spec", "generate")
+            clone_rekeyed(self.store, "q-bf16", "q-spec", ("generate",), self.config("q-spec"))
         commit_export(self.store, "q-spec", export, {"source": "vllm-project/speculators 0.9.0"})
         return {"train": json.loads((self.work / "spec_train.json").read_text())}
 
@@ -401,9 +401,9 @@ class Bench:
             result["q-bf16"] = {"train": self.train_info("q-bf16"), "diagnose": self.diagnose_run("q-bf16")}
         for name, overrides in self.a.variant:
             run = f"q-v-{name}"
-            for stage in ("generate", "vocab", "extract"):
-                if not self.manifest(run, stage):
-                    clone_stage(self.store, "q-bf16", run, stage)
+            if not self.manifest(run, "extract"):
+                clone_rekeyed(self.store, "q-bf16", run, ("generate", "vocab", "extract"),
+                              self.config(run, "bfloat16", overrides))
             self.log(f"variant {name}: train {overrides}")
             if self.pipeline(run, "bfloat16", need_server=False, until="train", train=overrides) != 0:
                 result[run] = {"overrides": overrides, "error": "train failed"}
@@ -505,18 +505,33 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, {k.strip(): yaml.safe_load(v) for k, v in pairs}
 
 
-def clone_stage(store: Path, src: str, dst: str, stage: str) -> bool:
-    """Copy a committed stage to another run (same objects; the manifest names the new run)."""
-    s, d = store / src / stage, store / dst / stage
-    if not (s / "manifest.json").exists():
-        return False
-    shutil.rmtree(d, ignore_errors=True)
-    d.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(s, d)
-    m = json.loads((d / "manifest.json").read_text())
-    m["run_id"] = dst
-    (d / "manifest.json").write_text(json.dumps(m, indent=2) + "\n")
-    return True
+def clone_rekeyed(store: Path, src: str, dst: str, stages: tuple[str, ...], config: Path) -> None:
+    """Copy committed stages (in pipeline order) to another run so that its pipeline skips them:
+    each copied manifest names the new run, the new digests of its copied upstream manifests
+    and the input key that ``config`` gives with them (a plain copy changes the upstream
+    digests, and every downstream stage would run again)."""
+    from eagle3.config import load_config
+    from eagle3.context import stage_input_key
+    from eagle3.manifest import Manifest, read_manifest
+    from eagle3.stages import get_stage
+    from eagle3.store.open import open_store
+
+    cfg = load_config(config)
+    target = open_store(f"file://{store}")
+    for stage in stages:
+        s, d = store / src / stage, store / dst / stage
+        shutil.rmtree(d, ignore_errors=True)
+        d.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(s, d)
+        spec = get_stage(stage)
+        upstream = {up: read_manifest(target, dst, up) for up in spec.needs}
+        if any(v is None for v in upstream.values()):
+            raise StepFailed(f"clone {dst}/{stage}: an upstream stage is not cloned first")
+        m = Manifest.model_validate_json((d / "manifest.json").read_bytes())
+        m.run_id = dst
+        m.upstream = {k: v.digest for k, v in upstream.items()}
+        m.input_key = stage_input_key(cfg, spec, upstream)
+        (d / "manifest.json").write_bytes(m.model_dump_json(indent=2).encode() + b"\n")
 
 
 def commit_export(store: Path, run: str, export_dir: Path, stats: dict) -> None:
