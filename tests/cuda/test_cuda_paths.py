@@ -124,6 +124,8 @@ def test_train_stage_on_cuda_compiles_and_learns(tmp_path, tiny_target_dir, tiny
     store = open_store(cfg.store.uri)
     stats = read_manifest(store, "t", "train").manifest.stats
     assert stats["device"] == "cuda" and stats["peak_memory_gib"] > 0
+    # the held-out chained accuracy is counted on the GPU too (step 0 has no step before it)
+    assert stats["eval_chain_acc_0"] == pytest.approx(stats["eval_acc_0"]) and "eval_same_as_step0_1" in stats
     records = parse_metrics(store.get_bytes("t/train/metrics.jsonl").decode())
     assert records[-1]["loss"] < records[0]["loss"]
     assert "unavailable" not in capfd.readouterr().err  # compiled halves, KL and flex all compiled
