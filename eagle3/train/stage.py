@@ -65,7 +65,8 @@ def chain_stalled(stats: dict[str, Any]) -> str | None:
         return None
     return (f"the drafter's chain does not advance: TTT step 1 repeats step 0's token on {same:.0%} of held-out rows and "
             f"is right on {chained:.1%} of rows after a right step 0 ({forced:.1%} teacher-forced); decoding will accept "
-            "little past the first draft token — train longer or with a higher train.lr")
+            "little past the first draft token — train longer, with a higher train.lr, or from the target's head "
+            "(train.lm_head=target)")
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
