@@ -517,14 +517,14 @@ def clone_rekeyed(store: Path, src: str, dst: str, stages: tuple[str, ...], conf
     from eagle3.store.open import open_store
 
     cfg = load_config(config)
-    target = open_store(f"file://{store}")
+    objects = open_store(f"file://{store}")
     for stage in stages:
         s, d = store / src / stage, store / dst / stage
         shutil.rmtree(d, ignore_errors=True)
         d.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(s, d)
         spec = get_stage(stage)
-        upstream = {up: read_manifest(target, dst, up) for up in spec.needs}
+        upstream = {up: read_manifest(objects, dst, up) for up in spec.needs}
         if any(v is None for v in upstream.values()):
             raise StepFailed(f"clone {dst}/{stage}: an upstream stage is not cloned first")
         m = Manifest.model_validate_json((d / "manifest.json").read_bytes())
