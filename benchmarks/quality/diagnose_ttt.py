@@ -79,8 +79,9 @@ def _rms(x: torch.Tensor, rows: torch.Tensor) -> float:
 def ttt_argmax(drafter: Eagle3Drafter, b: Batch, steps: int, autocast: bool,
                scales: dict[str, list[float]] | None = None) -> torch.Tensor:
     """[S, B, T] draft argmax per TTT step (SDPA attention, teacher forcing). ``scales``
-    (optional) gets, over real rows: the aux inputs' and fc output's RMS, and per step the
-    RMS of the hidden fed in and of what the layer adds to it."""
+    (optional) gets, over real rows (loss-masked or a non-zero token id: padding is id 0, so
+    this is approximate), the aux inputs' and fc output's RMS, and per step the RMS of the
+    hidden fed in and of what the layer adds to it."""
     cache = TTTCache("sdpa")
     preds = []
     real = b.loss_mask.bool() | (b.input_ids != 0)
