@@ -27,6 +27,7 @@ chained conditional is low here too, the drafter itself learned it.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -36,11 +37,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from eagle3.drafter.adapter import load_drafter
-from eagle3.drafter.loss import shift_left, step_inputs
+from eagle3.drafter.loss import chain_rates, chain_sums, shift_left, step_inputs
 from eagle3.drafter.model import Eagle3Drafter, KVCache, TTTCache
 from eagle3.extract.shards import INDEX, TARGET_HEAD, read_shard
 from eagle3.train.data import Batch, DataPlan, shard_refs
-from eagle3.train.stage import _target_head
+from eagle3.train.stage import load_target_head
 from eagle3.vocab.mapping import draft_to_target, load_vocab_mapping
 
 
@@ -128,34 +129,29 @@ def decode_argmax(drafter: Eagle3Drafter, b: Batch, steps: int, rows: list[tuple
     return out
 
 
-def per_step(hits: torch.Tensor, counted: torch.Tensor) -> dict[str, list[float]]:
-    """hits/counted [S, R] bool → accuracy and chained conditional accuracy per step."""
-    acc, cond = [], []
-    chain = torch.ones_like(hits[0])
-    all_counted = torch.ones_like(counted[0])
-    for k in range(hits.shape[0]):
-        all_counted = all_counted & counted[k]
-        acc.append(float(hits[k][counted[k]].float().mean()) if counted[k].any() else float("nan"))
-        before = chain & all_counted
-        now = before & hits[k]
-        cond.append(float(now.sum() / before.sum().clamp_min(1)))
-        chain = chain & hits[k]
-    return {"accuracy": [round(x, 4) for x in acc], "chained_conditional": [round(x, 4) for x in cond]}
+def per_step(hits: torch.Tensor, counted: torch.Tensor, preds: torch.Tensor) -> dict[str, list[float]]:
+    """hits/counted [S, R] bool, preds [S, R] → teacher-forced accuracy, chained accuracy (the train
+    stage's own :func:`chain_sums`) and the share of rows repeating step 0's argmax, per step."""
+    acc = [float(hits[k][counted[k]].float().mean()) if counted[k].any() else float("nan") for k in range(hits.shape[0])]
+    chained, same = chain_rates(chain_sums(hits, counted, preds))
+    return {"accuracy": [round(x, 4) for x in acc], "chained_conditional": [round(x, 4) for x in chained],
+            "same_argmax_as_step0": [round(x, 4) for x in same]}
 
 
 def diagnose(store: Path, run: str, a: argparse.Namespace) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and a.device != "cpu" else "cpu")
     bf16 = device.type == "cuda"
     d2t, _ = load_vocab_mapping(store / run / "vocab" / "vocab_mapping.safetensors")
-    embed, teacher = _target_head(store / run / "extract" / TARGET_HEAD, draft_to_target(d2t))
+    embed, teacher = load_target_head(store / run / "extract" / TARGET_HEAD, draft_to_target(d2t))
     weights = Path(a.drafter) if a.drafter else store / run / "train" / "drafter.safetensors"
     drafter = load_drafter(weights, embed).to(device).eval()
-    drafter_low = load_drafter(weights, embed).to(device, torch.bfloat16 if bf16 else torch.float32).eval()
+    drafter_low = copy.deepcopy(drafter).to(torch.bfloat16 if bf16 else torch.float32)  # as evaluate loads it
     teacher = teacher.to(device, torch.bfloat16 if bf16 else torch.float32)
     s = a.steps
     views: dict[str, dict[str, list]] = {}
-    sums: dict[str, list[torch.Tensor]] = {"ttt": [], "ttt_bf16": [], "decode": [], "agree": []}
-    counted_all, decode_counted, same_as_first = [], [], []
+    hits: dict[str, list[torch.Tensor]] = {"ttt": [], "ttt_bf16": [], "decode": [], "agree": []}
+    preds: dict[str, list[torch.Tensor]] = {"ttt": [], "ttt_bf16": [], "decode": []}
+    counted_all, decode_counted = [], []
     scales: dict[str, list[float]] = {}
     gen = torch.Generator().manual_seed(0)
     split, batches = held_out_batches(store, run, a, torch.bfloat16 if bf16 else torch.float32)
@@ -163,10 +159,10 @@ def diagnose(store: Path, run: str, a: argparse.Namespace) -> dict:
         b = hb.to(device)
         gold, counted = gold_per_step(teacher, b, s)
         ttt = ttt_argmax(drafter, b, s, autocast=bf16, scales=scales)
-        same_as_first.append((ttt == ttt[:1]).flatten(1))
         low = ttt_argmax(drafter_low, b, s, autocast=False)
-        sums["ttt"].append((ttt == gold).flatten(1))
-        sums["ttt_bf16"].append((low == gold).flatten(1))
+        for view, p in (("ttt", ttt), ("ttt_bf16", low)):
+            hits[view].append((p == gold).flatten(1))
+            preds[view].append(p.flatten(1))
         counted_all.append(counted.flatten(1))
         # Decode rows: counted at every step (an assistant stretch of s+1 tokens ahead), a few per sample.
         every = counted.all(0)  # [B, T]
@@ -180,19 +176,17 @@ def diagnose(store: Path, run: str, a: argparse.Namespace) -> dict:
             dec = decode_argmax(drafter_low, b, s, rows)
             ii = torch.tensor([r[0] for r in rows], device=device)
             tt = torch.tensor([r[1] for r in rows], device=device)
-            sums["decode"].append(dec == gold[:, ii, tt])
-            sums["agree"].append(dec == low[:, ii, tt])
+            hits["decode"].append(dec == gold[:, ii, tt])
+            hits["agree"].append(dec == low[:, ii, tt])
+            preds["decode"].append(dec)
             decode_counted.append(counted[:, ii, tt])
     c = torch.cat(counted_all, 1)
-    views["ttt"] = per_step(torch.cat(sums["ttt"], 1), c)
-    same = torch.cat(same_as_first, 1)
-    # A chain that does not advance predicts at every step what step 0 predicted.
-    views["ttt"]["same_argmax_as_step0"] = [round(float(same[k][c[k]].float().mean()), 4) for k in range(s)]
-    views["ttt_bf16"] = per_step(torch.cat(sums["ttt_bf16"], 1), c)
+    for view in ("ttt", "ttt_bf16"):  # a chain that does not advance repeats step 0's argmax at every step
+        views[view] = per_step(torch.cat(hits[view], 1), c, torch.cat(preds[view], 1))
     if decode_counted:
         dc = torch.cat(decode_counted, 1)
-        views["decode"] = per_step(torch.cat(sums["decode"], 1), dc)
-        agree = torch.cat(sums["agree"], 1)
+        views["decode"] = per_step(torch.cat(hits["decode"], 1), dc, torch.cat(preds["decode"], 1))
+        agree = torch.cat(hits["agree"], 1)
         views["decode"]["agrees_with_ttt_bf16"] = [round(float(agree[k].float().mean()), 4) for k in range(s)]
         views["decode"]["rows"] = int(dc.shape[1])
     views["ttt"]["rows_counted_step0"] = int(c[0].sum())

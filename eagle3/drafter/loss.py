@@ -61,7 +61,7 @@ class TTTResult:
     step_loss: Tensor  # [S] detached mean KL per step
     step_acc: Tensor  # [S] detached top-1 agreement per step
     step_count: Tensor  # [S] counted rows per step
-    chain: Tensor | None = None  # [4, S] with chain=True: see ChainCounter.sums
+    chain: Tensor | None = None  # [4, S] with chain=True: see chain_sums
 
 
 def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -102,37 +102,48 @@ def step_kl(
     return kl, hits, torch.tensor(idx.numel(), device=hidden.device)
 
 
+def chain_sums(hits: Tensor, counted: Tensor, preds: Tensor) -> Tensor:
+    """hits, counted [S, R] bool and preds [S, R] argmax of S steps at R rows → [4, S] long:
+    rows right at step k among row 1's; rows counted at steps 0..k and right at steps 0..k-1;
+    rows whose step-k argmax is step 0's among row 3's; rows counted at step 0 and at step k."""
+    h, c = hits.long(), counted.long()
+    right_before = torch.cat([torch.ones_like(h[:1]), h[:-1].cumprod(0)])
+    before = right_before * c.cumprod(0)
+    both = c * c[:1]
+    return torch.stack([(before * h).sum(1), before.sum(1), (both * (preds == preds[:1])).sum(1), both.sum(1)])
+
+
+def chain_rates(sums: Tensor) -> tuple[list[float], list[float]]:
+    """:func:`chain_sums` (summed over batches and ranks) → (chained accuracy per step, share of
+    rows whose argmax repeats step 0's per step)."""
+    d = sums.double()
+    return (d[0] / d[1].clamp_min(1)).tolist(), (d[2] / d[3].clamp_min(1)).tolist()
+
+
 class ChainCounter:
-    """Per-row bookkeeping of the chained accuracy across the TTT steps of one batch (no grad).
+    """Per-step hits and argmaxes of one batch's counted rows (no grad), for :func:`chain_sums`."""
 
-    ``sums`` [4, S]: rows right at step k among ``sums[1]``; rows counted at steps 0..k and
-    right at steps 0..k-1; rows whose step-k argmax is step 0's among ``sums[3]``; rows
-    counted at step 0 and at step k."""
-
-    def __init__(self, rows: int, steps: int, device: torch.device) -> None:
-        self.all_hit = torch.ones(rows, dtype=torch.bool, device=device)  # right at every step so far
-        self.all_counted = torch.ones(rows, dtype=torch.bool, device=device)
-        self.first = torch.full((rows,), -1, dtype=torch.long, device=device)  # step 0's argmax
-        self.sums = torch.zeros(4, steps, dtype=torch.long, device=device)
+    def __init__(self) -> None:
+        self.hits: list[Tensor] = []
+        self.counted: list[Tensor] = []
+        self.preds: list[Tensor] = []
 
     @torch.no_grad()
     def step(self, drafter: Eagle3Drafter, teacher: Tensor, row_of: Tensor, hidden: Tensor, counted: Tensor, k: int) -> None:
-        idx = counted.flatten().nonzero().squeeze(-1)
+        flat = counted.flatten()
+        idx = flat.nonzero().squeeze(-1)
         pred = drafter.logits(hidden.flatten(0, 1).index_select(0, idx)).argmax(-1)
         gold = teacher.index_select(0, row_of.index_select(0, idx + 1 + k)).argmax(-1)
-        hit = torch.zeros_like(self.all_hit)
-        hit[idx] = pred == gold
-        flat_counted = counted.flatten()
-        before = self.all_hit & self.all_counted & flat_counted
-        self.sums[0, k] = (before & hit).sum()
-        self.sums[1, k] = before.sum()
-        if k == 0:
-            self.first[idx] = pred
-        first = self.first[idx]
-        self.sums[2, k] = ((pred == first) & (first >= 0)).sum()
-        self.sums[3, k] = (first >= 0).sum()
-        self.all_counted &= flat_counted
-        self.all_hit &= hit
+        preds = torch.full(flat.shape, -1, dtype=torch.long, device=flat.device)
+        preds[idx] = pred
+        hits = torch.zeros_like(flat, dtype=torch.bool)
+        hits[idx] = pred == gold
+        self.hits.append(hits)
+        self.counted.append(flat.bool())
+        self.preds.append(preds)
+
+    def sums(self) -> Tensor:
+        return chain_sums(torch.stack(self.hits), torch.stack(self.counted), torch.stack(self.preds))
 
 
 def ttt_loss(
@@ -156,7 +167,7 @@ def ttt_loss(
     hidden = drafter.project_aux(aux_hidden)  # [B, T, H]
     losses, accs, counts = [], [], []
     total = hidden.new_zeros((), dtype=torch.float32)
-    counter = ChainCounter(input_ids.numel(), steps, input_ids.device) if chain else None
+    counter = ChainCounter() if chain else None
     for k in range(steps):
         tokens, positions, counted = step_inputs(input_ids, loss_mask, k)
         hidden = drafter.step_hidden(tokens, hidden, positions, cache)  # [B, T, H]
@@ -170,7 +181,7 @@ def ttt_loss(
         accs.append(hits.float() / denom)
         counts.append(n)
     return TTTResult(total, torch.stack(losses), torch.stack(accs), torch.stack(counts),
-                     None if counter is None else counter.sums)
+                     None if counter is None else counter.sums())
 
 
 class TTTObjective(nn.Module):

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from eagle3.drafter.adapter import EXPORT_KEYS
-from eagle3.drafter.loss import TTTObjective
+from eagle3.drafter.loss import TTTObjective, chain_rates
 from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3.errors import StageError
 from eagle3.extract.shards import HiddenShard
@@ -183,7 +183,7 @@ def _eval(wrapped: torch.nn.Module, objective: TTTObjective, job: TrainJob, env:
     """Loss/accuracy per TTT step on the held-out samples (summed over ranks), uncompiled; with the
     chained accuracy (what decoding accepts) and how often each step repeats step 0's token."""
     steps = job.settings.ttt_steps
-    sums = torch.zeros(7, steps, dtype=torch.float64, device=env.device)  # loss·n, hits, n, ChainCounter.sums
+    sums = torch.zeros(7, steps, dtype=torch.float64, device=env.device)  # loss·n, hits, n, chain_sums
     it = job.plan.iterate(job.open_shard, 0, dtype, train=False, pad_to=pad_to)
     wrapped.eval()
     with torch.no_grad(), objective.eager():
@@ -202,8 +202,9 @@ def _eval(wrapped: torch.nn.Module, objective: TTTObjective, job: TrainJob, env:
         return {}
     out = {f"eval_loss_{k}": float(sums[0, k] / n[k]) for k in range(steps)}
     out.update({f"eval_acc_{k}": float(sums[1, k] / n[k]) for k in range(steps)})
-    out.update({f"eval_chain_acc_{k}": float(sums[3, k] / sums[4, k].clamp_min(1)) for k in range(steps)})
-    out.update({f"eval_same_as_step0_{k}": float(sums[5, k] / sums[6, k].clamp_min(1)) for k in range(1, steps)})
+    chained, same = chain_rates(sums[3:])
+    out.update({f"eval_chain_acc_{k}": chained[k] for k in range(steps)})
+    out.update({f"eval_same_as_step0_{k}": same[k] for k in range(1, steps)})
     return out
 
 

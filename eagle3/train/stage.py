@@ -40,7 +40,7 @@ def _target_config(ctx: StageContext, index: dict[str, Any]) -> Any:
         raise StageError(f"train needs the target's config ({ctx.cfg.target.model}) for the drafter shape: {e}") from None
 
 
-def _target_head(path: Path, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def load_target_head(path: Path, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(embed [V, H], lm_head rows of the draft vocab [N, H]) from target_head.safetensors."""
     with safe_open(str(path), framework="pt") as f:
         keys = set(f.keys())
@@ -86,7 +86,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
             f"target config (hidden {drafter_cfg.target_hidden_size}, vocab {drafter_cfg.vocab_size}) disagrees with "
             f"extract's index (hidden {index['hidden_size']}, vocab {vocab}): target.model changed since extract"
         )
-    embed, teacher = _target_head(ctx.upstream_path("extract", TARGET_HEAD), draft_to_target(d2t))
+    embed, teacher = load_target_head(ctx.upstream_path("extract", TARGET_HEAD), draft_to_target(d2t))
 
     def open_shard(name: str) -> HiddenShard:
         path = ctx.upstream_path("extract", name)
