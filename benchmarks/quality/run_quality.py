@@ -396,9 +396,14 @@ class Bench:
 
     def step_diagnose(self) -> dict:
         """q-bf16's drafter (when trained), then each --variant trained on q-bf16's hidden states and diagnosed."""
-        result = {}
+        result: dict = {}
+
+        def keep(run: str, entry: dict) -> None:  # $OUT holds every drafter diagnosed so far
+            result[run] = entry
+            (self.out / "diagnose.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+
         if self.done("train_ours"):
-            result["q-bf16"] = {"train": self.train_info("q-bf16"), "diagnose": self.diagnose_run("q-bf16")}
+            keep("q-bf16", {"train": self.train_info("q-bf16"), "diagnose": self.diagnose_run("q-bf16")})
         for name, overrides in self.a.variant:
             run = f"q-v-{name}"
             if not self.manifest(run, "extract"):
@@ -406,12 +411,9 @@ class Bench:
                               self.config(run, "bfloat16", overrides))
             self.log(f"variant {name}: train {overrides}")
             if self.pipeline(run, "bfloat16", need_server=False, until="train", train=overrides) != 0:
-                result[run] = {"overrides": overrides, "error": "train failed"}
+                keep(run, {"overrides": overrides, "error": "train failed"})
                 continue
-            result[run] = {"overrides": overrides, "train": self.train_info(run),
-                           "diagnose": self.diagnose_run(run)}
-            (self.out / "diagnose.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        (self.out / "diagnose.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+            keep(run, {"overrides": overrides, "train": self.train_info(run), "diagnose": self.diagnose_run(run)})
         return result
 
     def step_plot(self) -> dict:
@@ -509,7 +511,8 @@ def clone_rekeyed(store: Path, src: str, dst: str, stages: tuple[str, ...], conf
     """Copy committed stages (in pipeline order) to another run so that its pipeline skips them:
     each copied manifest names the new run, the new digests of its copied upstream manifests
     and the input key that ``config`` gives with them (a plain copy changes the upstream
-    digests, and every downstream stage would run again)."""
+    digests, and every downstream stage would run again). Each stage is copied and re-keyed
+    beside its place and moved in last, so a kill leaves either no copy or a finished one."""
     from eagle3.config import load_config
     from eagle3.context import stage_input_key
     from eagle3.manifest import Manifest, read_manifest
@@ -519,19 +522,20 @@ def clone_rekeyed(store: Path, src: str, dst: str, stages: tuple[str, ...], conf
     cfg = load_config(config)
     objects = open_store(f"file://{store}")
     for stage in stages:
-        s, d = store / src / stage, store / dst / stage
-        shutil.rmtree(d, ignore_errors=True)
-        d.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(s, d)
+        s, d, tmp = store / src / stage, store / dst / stage, store / dst / f".{stage}.cloning"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(s, tmp)
         spec = get_stage(stage)
         upstream = {up: read_manifest(objects, dst, up) for up in spec.needs}
         if any(v is None for v in upstream.values()):
             raise StepFailed(f"clone {dst}/{stage}: an upstream stage is not cloned first")
-        m = Manifest.model_validate_json((d / "manifest.json").read_bytes())
+        m = Manifest.model_validate_json((tmp / "manifest.json").read_bytes())
         m.run_id = dst
         m.upstream = {k: v.digest for k, v in upstream.items()}
         m.input_key = stage_input_key(cfg, spec, upstream)
-        (d / "manifest.json").write_bytes(m.model_dump_json(indent=2).encode() + b"\n")
+        (tmp / "manifest.json").write_bytes(m.model_dump_json(indent=2).encode() + b"\n")
+        shutil.rmtree(d, ignore_errors=True)
+        tmp.rename(d)
 
 
 def commit_export(store: Path, run: str, export_dir: Path, stats: dict) -> None:
