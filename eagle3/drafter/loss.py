@@ -9,7 +9,9 @@ predict x_{j+1}; h_t = the aux hidden states at position t):
 which is what vLLM does when drafting: the target's hidden at t plus the token it just
 sampled, then the drafter's own output, one position further each step. A prediction
 counts when the token it predicts, x_{t+2+k}, is loss-masked (an assistant token);
-rows whose targets fall off the end are masked. The teacher is the target's lm_head
+rows whose targets fall off the end are masked. In a packed row (``doc_ids``, several
+samples one after another) positions count from each sample's start, attention stays
+inside the sample, and a row counts only when its target is of the same sample. The teacher is the target's lm_head
 restricted to the draft vocab, applied to the stored final hidden state once per batch
 (every step is taught by the same set of positions); the draft head and the KL run
 fused, chunk by chunk (:mod:`eagle3.drafter.linear_kl`), only over counted rows.
@@ -46,12 +48,27 @@ def shift_left(x: Tensor, k: int, fill: float | int = 0) -> Tensor:
     return torch.cat([x[:, k:], pad], dim=1)
 
 
-def step_inputs(input_ids: Tensor, loss_mask: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(tokens [B, T], positions [B, T], counted [B, T] bool) of TTT step ``step``."""
+def doc_positions(doc_ids: Tensor) -> Tensor:
+    """doc_ids [B, T] (each document contiguous) → each token's position inside its document."""
+    b, t = doc_ids.shape
+    idx = torch.arange(t, device=doc_ids.device).expand(b, t)
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    return idx - torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+
+
+def step_inputs(input_ids: Tensor, loss_mask: Tensor, step: int, doc_ids: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(tokens [B, T], positions [B, T], counted [B, T] bool) of TTT step ``step``; with
+    ``doc_ids`` (a packed row) positions restart at each document and a row counts only
+    if its target token is of its own document."""
     b, t = input_ids.shape
     tokens = shift_left(input_ids, 1 + step)
-    positions = torch.arange(step, t + step, device=input_ids.device).expand(b, t)
     counted = shift_left(loss_mask, 2 + step).bool()
+    if doc_ids is None:
+        positions = torch.arange(step, t + step, device=input_ids.device).expand(b, t)
+    else:
+        positions = doc_positions(doc_ids) + step
+        counted = counted & (shift_left(doc_ids, 2 + step, fill=-1) == doc_ids) & (doc_ids >= 0)
     return tokens, positions, counted
 
 
@@ -159,17 +176,19 @@ def ttt_loss(
     attention: str = "sdpa",
     compiled: bool = False,
     chain: bool = False,
+    doc_ids: Tensor | None = None,
 ) -> TTTResult:
     """input_ids [B, T], aux_hidden [B, T, 3Ht], final_hidden [B, T, Ht], loss_mask [B, T];
-    teacher_head [N, Ht] = the target lm_head rows of the draft vocab."""
-    cache = TTTCache(attention)
+    teacher_head [N, Ht] = the target lm_head rows of the draft vocab; doc_ids [B, T] for
+    packed rows (None: one sample per row)."""
+    cache = TTTCache(attention, doc_ids)
     teacher, row_of = teacher_logits(teacher_head, final_hidden, loss_mask)  # [R0, N], [B·T]
     hidden = drafter.project_aux(aux_hidden)  # [B, T, H]
     losses, accs, counts = [], [], []
     total = hidden.new_zeros((), dtype=torch.float32)
     counter = ChainCounter() if chain else None
     for k in range(steps):
-        tokens, positions, counted = step_inputs(input_ids, loss_mask, k)
+        tokens, positions, counted = step_inputs(input_ids, loss_mask, k, doc_ids)
         hidden = drafter.step_hidden(tokens, hidden, positions, cache)  # [B, T, H]
         if counter is not None:
             counter.step(drafter, teacher, row_of, hidden, counted, k)
@@ -213,12 +232,12 @@ class TTTObjective(nn.Module):
             self.compiled, self.attention = saved
 
     def forward(self, input_ids: Tensor, aux_hidden: Tensor, final_hidden: Tensor, loss_mask: Tensor,
-                chain: bool = False) -> tuple[Tensor, ...]:
+                doc_ids: Tensor | None = None, chain: bool = False) -> tuple[Tensor, ...]:
         """→ (loss, step_loss, step_acc, step_count), and the [4, S] chain counts with ``chain``."""
         assert self.teacher_head is not None, "set TTTObjective.teacher_head first"
         r = ttt_loss(
             self.drafter, self.teacher_head, input_ids, aux_hidden, final_hidden, loss_mask,
-            self.steps, self.decay, self.chunk_rows, self.attention, self.compiled, chain,
+            self.steps, self.decay, self.chunk_rows, self.attention, self.compiled, chain, doc_ids,
         )
         if r.chain is not None:
             return r.loss, r.step_loss, r.step_acc, r.step_count, r.chain

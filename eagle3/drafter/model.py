@@ -140,11 +140,15 @@ class KVCache:
         return F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=mask, enable_gqa=True)
 
 
-def ttt_mask(t: int, step: int, device: torch.device | None = None) -> Tensor:
-    """Bool [T, (step+1)·T]: step-0 block causal, blocks 1..step diagonal (row t sees row t)."""
+def ttt_mask(t: int, step: int, device: torch.device | None = None, doc_ids: Tensor | None = None) -> Tensor:
+    """Bool [T, (step+1)·T]: step-0 block causal, blocks 1..step diagonal (row t sees row t).
+    With doc_ids [B, T] (packed rows): [B, 1, T, (step+1)·T], the step-0 block also within a document."""
     causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
     eye = torch.eye(t, dtype=torch.bool, device=device)
-    return torch.cat([causal] + [eye] * step, dim=1)
+    if doc_ids is None:
+        return torch.cat([causal] + [eye] * step, dim=1)
+    same = (doc_ids[:, :, None] == doc_ids[:, None, :]) & causal  # [B, T, T]
+    return torch.cat([same] + [eye.expand_as(same)] * step, dim=2)[:, None]
 
 
 class TTTCache:
@@ -152,31 +156,33 @@ class TTTCache:
 
     ``backend``: "sdpa" (dense bool mask over all blocks; CPU and fallback) or "flex"
     (flex attention with a block-sparse mask that skips the empty off-diagonal blocks).
+    ``doc_ids`` [B, T]: packed rows, where a row attends only to its own document.
     """
 
-    def __init__(self, backend: str = "sdpa") -> None:
+    def __init__(self, backend: str = "sdpa", doc_ids: Tensor | None = None) -> None:
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.backend = backend
+        self.doc_ids = doc_ids
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         self.k.append(k)
         self.v.append(v)
-        step, t = len(self.k) - 1, q.shape[2]
-        if step == 0:
+        step, t, docs = len(self.k) - 1, q.shape[2], self.doc_ids
+        if step == 0 and docs is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         keys, values = torch.cat(self.k, dim=2), torch.cat(self.v, dim=2)  # [B, kv, (step+1)T, D]
         if self.backend == "flex":
             from eagle3.drafter.flex import ttt_flex_attention
 
-            out = ttt_flex_attention(q, keys, values, step)
+            out = ttt_flex_attention(q, keys, values, step, docs)
             if out is not None:
                 return out
         if q.is_cuda and q.shape[1] != keys.shape[1]:
             # Expanded kv heads keep the masked call on the memory-efficient kernel.
             rep = q.shape[1] // keys.shape[1]
             keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, step, q.device), enable_gqa=True)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, step, q.device, docs), enable_gqa=True)
 
 
 class Eagle3Attention(nn.Module):

@@ -3,9 +3,15 @@
 Memory stays bounded by two shards per process (the one being cut into batches and the
 next, read ahead on a thread): each epoch shuffles the shard order
 (seeded), deals shards to ranks round-robin, and each rank cuts its current shard into
-length-bucketed batches (samples of similar length together, at most ``batch_tokens``
-padded tokens per batch), in a seeded random order. Everything depends only on
+batches in a seeded random order. Everything depends only on
 (seed, epoch, shard contents), so a resumed run replays the same batches.
+
+Two layouts: *packed* (training's default) concatenates samples into one row of
+``batch_tokens`` with a document id per token (attention and the TTT shifts stay inside
+a sample), so every batch has the same shape — compiled kernels are built once and no
+token is padding but a row's tail; *padded* puts samples of similar length together,
+right-padded to the longest, at most ``batch_tokens`` padded tokens per batch (held-out
+evaluation, and ``train.pack: false``).
 
 Held-out samples (``eval_fraction``) are picked by a hash of the sample id: the same
 samples are held out however the data is sharded.
@@ -72,6 +78,27 @@ def plan_batches(lengths: list[int], batch_tokens: int, rng: random.Random) -> l
     return batches
 
 
+def plan_packs(lengths: list[int], row_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Sample indices grouped into rows of at most ``row_tokens`` tokens (first fit, longest
+    first, random tie-break), rows shuffled. A sample longer than a row must be cut by the caller."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], rng.random()))
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = lengths[i]
+        r = next((r for r, free in enumerate(room) if free >= n), None)
+        if r is None:
+            rows.append([])
+            room.append(row_tokens)
+            r = len(rows) - 1
+        rows[r].append(i)
+        room[r] -= n
+    for row in rows:
+        rng.shuffle(row)
+    rng.shuffle(rows)
+    return rows
+
+
 def shard_order(num_shards: int, epoch: int, seed: int) -> list[int]:
     order = list(range(num_shards))
     random.Random(f"{seed}:{epoch}:shards").shuffle(order)
@@ -85,40 +112,74 @@ class Batch:
     aux_hidden: Tensor  # [B, T, 3Ht]
     final_hidden: Tensor  # [B, T, Ht]
     tokens: int  # real (unpadded) tokens
+    doc_ids: Tensor | None = None  # int32 [B, T], packed rows: which sample each token is of (-1: padding)
 
     def tensors(self) -> tuple[Tensor, ...]:
-        return self.input_ids, self.loss_mask, self.aux_hidden, self.final_hidden
+        base = (self.input_ids, self.loss_mask, self.aux_hidden, self.final_hidden)
+        return base if self.doc_ids is None else (*base, self.doc_ids)
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
-        return Batch(*(t.to(device, non_blocking=nb) for t in self.tensors()), self.tokens)
+        t = [x.to(device, non_blocking=nb) for x in self.tensors()]
+        return Batch(t[0], t[1], t[2], t[3], self.tokens, t[4] if len(t) > 4 else None)
+
+
+def _spans(shard: HiddenShard, samples: list[int], max_seq_len: int) -> list[slice]:
+    spans = []
+    for i in samples:
+        s = shard.sample(i)
+        spans.append(slice(s.start, min(s.stop, s.start + max_seq_len)))
+    return spans
+
+
+def _put(shard: HiddenShard, sp: slice, dtype: torch.dtype, ids: Tensor, mask: Tensor, aux: Tensor, final: Tensor) -> None:
+    """Copy one sample's tokens (shard rows ``sp``) into the given [n]-long views, dequantized."""
+    part = HiddenShard(
+        shard.input_ids[sp], shard.loss_mask[sp], shard.offsets, shard.sample_ids, shard.aux_hidden[sp], shard.final_hidden[sp],
+        None if shard.aux_scale is None else shard.aux_scale[sp], None if shard.final_scale is None else shard.final_scale[sp],
+    )
+    ids.copy_(part.input_ids.long())
+    mask.copy_(part.loss_mask)
+    aux.copy_(part.aux_hidden_float(dtype))
+    final.copy_(part.final_hidden_float(dtype))
+
+
+def _empty(b: int, t: int, h: int, dtype: torch.dtype, pin: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return (torch.zeros(b, t, dtype=torch.int64, pin_memory=pin), torch.zeros(b, t, dtype=torch.uint8, pin_memory=pin),
+            torch.zeros(b, t, 3 * h, dtype=dtype, pin_memory=pin), torch.zeros(b, t, h, dtype=dtype, pin_memory=pin))
 
 
 def collate(shard: HiddenShard, samples: list[int], max_seq_len: int, dtype: torch.dtype, pad_to: int = 1, pin: bool = False) -> Batch:
     """Right-pad the chosen samples of a shard (cut to max_seq_len) into one batch
     (in page-locked memory when ``pin``, for asynchronous copies to the GPU)."""
-    spans = []
-    for i in samples:
-        s = shard.sample(i)
-        spans.append(slice(s.start, min(s.stop, s.start + max_seq_len)))
+    spans = _spans(shard, samples, max_seq_len)
     t = max(sp.stop - sp.start for sp in spans)
     t = -(-t // pad_to) * pad_to
-    b, h = len(spans), shard.final_hidden.shape[1]
-    ids = torch.zeros(b, t, dtype=torch.int64, pin_memory=pin)
-    mask = torch.zeros(b, t, dtype=torch.uint8, pin_memory=pin)
-    aux = torch.zeros(b, t, 3 * h, dtype=dtype, pin_memory=pin)
-    final = torch.zeros(b, t, h, dtype=dtype, pin_memory=pin)
+    ids, mask, aux, final = _empty(len(spans), t, shard.final_hidden.shape[1], dtype, pin)
     for r, sp in enumerate(spans):
         n = sp.stop - sp.start
-        part = HiddenShard(
-            shard.input_ids[sp], shard.loss_mask[sp], shard.offsets, shard.sample_ids, shard.aux_hidden[sp], shard.final_hidden[sp],
-            None if shard.aux_scale is None else shard.aux_scale[sp], None if shard.final_scale is None else shard.final_scale[sp],
-        )
-        ids[r, :n] = part.input_ids.long()
-        mask[r, :n] = part.loss_mask
-        aux[r, :n] = part.aux_hidden_float(dtype)
-        final[r, :n] = part.final_hidden_float(dtype)
+        _put(shard, sp, dtype, ids[r, :n], mask[r, :n], aux[r, :n], final[r, :n])
     return Batch(ids, mask, aux, final, sum(sp.stop - sp.start for sp in spans))
+
+
+def collate_packed(shard: HiddenShard, samples: list[int], max_seq_len: int, row_tokens: int, dtype: torch.dtype,
+                   pin: bool = False) -> Batch:
+    """The chosen samples (cut to max_seq_len) one after another in a single row of
+    ``row_tokens`` tokens, with each token's document id (its sample's place in the row;
+    -1 on the padded tail)."""
+    spans = _spans(shard, samples, max_seq_len)
+    n_total = sum(sp.stop - sp.start for sp in spans)
+    if n_total > row_tokens:
+        raise ValueError(f"packed row of {n_total} tokens exceeds its {row_tokens}")
+    ids, mask, aux, final = _empty(1, row_tokens, shard.final_hidden.shape[1], dtype, pin)
+    docs = torch.full((1, row_tokens), -1, dtype=torch.int32, pin_memory=pin)
+    at = 0
+    for d, sp in enumerate(spans):
+        n = sp.stop - sp.start
+        _put(shard, sp, dtype, ids[0, at : at + n], mask[0, at : at + n], aux[0, at : at + n], final[0, at : at + n])
+        docs[0, at : at + n] = d
+        at += n
+    return Batch(ids, mask, aux, final, n_total, docs)
 
 
 @dataclass
@@ -130,6 +191,7 @@ class DataPlan:
     seed: int
     rank: int = 0
     world: int = 1
+    pack: bool = False  # training batches as packed rows (held-out batches are always padded)
 
     def rank_shards(self, epoch: int) -> list[int]:
         return shard_order(len(self.shards), epoch, self.seed)[self.rank :: self.world]
@@ -140,7 +202,11 @@ class DataPlan:
         keep = [i for i in range(shard.num_samples) if is_eval_sample(int(shard.sample_ids[i]), self.eval_fraction, self.seed) != train]
         lengths = [min(int(shard.offsets[i + 1] - shard.offsets[i]), cap) for i in keep]
         rng = random.Random(f"{self.seed}:{epoch}:{shard_idx}:{'train' if train else 'eval'}")
-        return [[keep[j] for j in b] for b in plan_batches(lengths, self.batch_tokens, rng)]
+        plan = plan_packs if self.packed(train) else plan_batches
+        return [[keep[j] for j in b] for b in plan(lengths, self.batch_tokens, rng)]
+
+    def packed(self, train: bool) -> bool:
+        return self.pack and train
 
     def estimated_batches_per_epoch(self) -> int:
         """Per rank, for the LR schedule's horizon (padding makes the true count a bit higher)."""
@@ -154,8 +220,12 @@ class DataPlan:
         """This rank's batches of one epoch, skipping the first ``skip`` (resume).
 
         The next shard is read on a thread while this one is cut into batches, so a
-        shard boundary does not stall training (host memory: two shards)."""
+        shard boundary does not stall training (host memory: two shards). Packed rows
+        are ``batch_tokens`` rounded up to ``pad_to`` long."""
         order = self.rank_shards(epoch)
+        cap = min(self.max_seq_len, self.batch_tokens)
+        row_tokens = -(-self.batch_tokens // pad_to) * pad_to
+        packed = self.packed(train)
         seen = 0
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-read")
         try:
@@ -169,7 +239,8 @@ class DataPlan:
                     continue
                 for b in plans:
                     if seen >= skip:
-                        yield collate(shard, b, min(self.max_seq_len, self.batch_tokens), dtype, pad_to, pin)
+                        yield (collate_packed(shard, b, cap, row_tokens, dtype, pin) if packed
+                               else collate(shard, b, cap, dtype, pad_to, pin))
                     seen += 1
                 del shard
         finally:

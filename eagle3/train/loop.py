@@ -296,7 +296,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
                 if no_batch or b is None:
                     break
                 with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cuda):
-                    loss, step_loss, step_acc, step_count = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask)
+                    loss, step_loss, step_acc, step_count = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask, b.doc_ids)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
                 if hasattr(grad_norm, "full_tensor"):

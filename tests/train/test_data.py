@@ -4,7 +4,7 @@ import time
 import torch
 
 from eagle3.extract.shards import HiddenShard
-from eagle3.train.data import DataPlan, ShardRef, collate, is_eval_sample, plan_batches
+from eagle3.train.data import DataPlan, ShardRef, collate, collate_packed, is_eval_sample, plan_batches, plan_packs
 from eagle3.train.schedule import lr_factor
 
 
@@ -23,6 +23,40 @@ def test_plan_batches_buckets_and_covers_every_sample_once():
     assert flat == list(range(60))
     assert all(max(lengths[i] for i in b) * len(b) <= 128 for b in batches)
     assert plan_batches(lengths, 128, random.Random(0)) == batches  # seeded
+
+
+def test_plan_packs_fills_rows_and_covers_every_sample_once():
+    lengths = [random.Random(i).randint(3, 50) for i in range(60)]
+    rows = plan_packs(lengths, 128, random.Random(0))
+    assert sorted(i for r in rows for i in r) == list(range(60))
+    assert all(sum(lengths[i] for i in r) <= 128 for r in rows)
+    assert len(rows) <= -(-sum(lengths) // 128) + 2  # first fit, longest first: close to the minimum
+    assert plan_packs(lengths, 128, random.Random(0)) == rows  # seeded
+
+
+def test_collate_packed_lays_samples_end_to_end_with_document_ids():
+    s = fake_shard([3, 6])
+    b = collate_packed(s, [1, 0], max_seq_len=5, row_tokens=12, dtype=torch.float32)
+    assert b.input_ids.shape == (1, 12) and b.tokens == 5 + 3
+    assert b.doc_ids.tolist() == [[0] * 5 + [1] * 3 + [-1] * 4]
+    assert b.input_ids[0, :8].tolist() == [3, 4, 5, 6, 7, 0, 1, 2]
+    assert b.loss_mask[0].tolist() == [1] * 8 + [0] * 4
+    assert torch.equal(b.final_hidden[0, 5:8], s.final_hidden[0:3])
+    assert b.to(torch.device("cpu")).doc_ids is not None
+
+
+def test_packed_plan_keeps_one_batch_shape_and_pads_held_out_batches():
+    shards = {f"s{i}": fake_shard([5 + (j * 7 + i) % 20 for j in range(12)], first_id=100 * i) for i in range(2)}
+    refs = [ShardRef(n, 12, int(s.offsets[-1])) for n, s in shards.items()]
+    plan = DataPlan(refs, 60, 16, 0.2, 0, pack=True)
+    train = list(plan.iterate(shards.__getitem__, 0, torch.float32, pad_to=8))
+    assert {tuple(b.input_ids.shape) for b in train} == {(1, 64)}  # batch_tokens rounded up to pad_to
+    held = [i for n, sh in shards.items() for i in sh.sample_ids.tolist() if is_eval_sample(i, 0.2, 0)]
+    assert sum(b.tokens for b in train) == sum(min(16, int(sh.offsets[j + 1] - sh.offsets[j]))
+                                               for sh in shards.values() for j in range(12)
+                                               if int(sh.sample_ids[j]) not in held)
+    ev = list(plan.iterate(shards.__getitem__, 0, torch.float32, train=False))
+    assert ev and all(b.doc_ids is None for b in ev)
 
 
 def test_eval_hold_out_is_deterministic_and_near_fraction():
