@@ -8,6 +8,9 @@ Modes, each measured in the same run:
   ttt{N}_{attention}  the full objective with N TTT steps (default 7), flex and/or sdpa attention,
                       compiled as the train stage runs it on CUDA (train.compile)
   ttt{N}_{attention}_eager  the same without torch.compile (GPU runs)
+  ttt{N}_{attention}_packed  with --packed: the same tokens as one packed row of documents of
+                      100-900 tokens (train.pack, the stage's default): document-masked attention,
+                      its block masks built for every step as the stage builds them per batch
   ttt1                a plain forward+backward of the same drafter (one step): the baseline
 The JSON reports ``ttt_overhead`` = tokens/s of ttt1 / tokens/s of the TTT mode.
 
@@ -54,6 +57,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--shape", default="llama8b", choices=sorted(SHAPES), help="drafter shape (GPU runs)")
     p.add_argument("--counted", type=float, default=1.0, help="share of rows that carry loss (assistant tokens)")
     p.add_argument("--profile", action="store_true", help="also print the top CUDA kernels of the first mode")
+    p.add_argument("--packed", action="store_true", help="also measure packed rows (document-masked, train.pack)")
     p.add_argument("--seq-len", type=int, default=None, help="default 2048 (tiny: 128)")
     p.add_argument("--batch", type=int, default=1, help="sequences per step per GPU")
     p.add_argument("--ttt", type=int, default=7)
@@ -76,8 +80,21 @@ def relaunch_under_torchrun(a: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
+def packed_doc_ids(tokens: int, g: torch.Generator) -> torch.Tensor:
+    """[1, tokens]: documents of 100-900 tokens (fewer in short rows) end to end, the row's tail padding (-1)."""
+    docs = torch.full((1, tokens), -1, dtype=torch.int32)
+    at = d = 0
+    lo, hi = min(100, tokens // 8), min(900, tokens // 2)
+    while True:
+        n = int(torch.randint(lo, hi + 1, (1,), generator=g))
+        if at + n > tokens:
+            return docs
+        docs[0, at : at + n] = d
+        at, d = at + n, d + 1
+
+
 def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str, device: torch.device, world: int, rank: int,
-            compiled: bool = False) -> dict:
+            compiled: bool = False, packed: bool = False) -> dict:
     torch.manual_seed(0)
     drafter = Eagle3Drafter(cfg)
     drafter.embed_tokens.weight.requires_grad_(False)
@@ -94,15 +111,18 @@ def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str,
     params = [p for p in objective.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, fused=cuda or None)
     b, t, h = a.batch, a.seq_len, cfg.target_hidden_size
+    if packed:
+        b, t = 1, a.batch * a.seq_len
     g = torch.Generator(device="cpu").manual_seed(rank)
     ids = torch.randint(0, cfg.vocab_size, (b, t), generator=g).to(device)
     aux = torch.randn(b, t, 3 * h, generator=g).to(device, dtype)
     final = torch.randn(b, t, h, generator=g).to(device, dtype)
     mask = (torch.rand(b, t, generator=g) < a.counted).to(device, torch.uint8)
+    docs = packed_doc_ids(t, g).to(device) if packed else None
 
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-            loss, *_ = model(ids, aux, final, mask)
+            loss, *_ = model(ids, aux, final, mask, docs)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
@@ -135,7 +155,8 @@ def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str,
         key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
         print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60), flush=True)
     out = {
-        "ttt_steps": ttt, "attention": attention, "compiled": compiled, "tokens_per_s": round(tokens / elapsed, 1),
+        "ttt_steps": ttt, "attention": attention, "compiled": compiled, "packed": packed,
+        "tokens_per_s": round(tokens / elapsed, 1),
         "tokens_per_s_per_gpu": round(tokens / elapsed / world, 1), "step_ms": round(1000 * elapsed / a.steps, 2), "loss": loss,
     }
     if cuda:
@@ -163,13 +184,15 @@ def main() -> int:
     cfg = DrafterConfig(**(TINY if a.tiny else SHAPES[a.shape]))
     # The train stage's default on CUDA is compiled (train.compile); eager is measured beside it.
     compile_modes = [True, False] if cuda else [False]
-    modes = [(a.ttt, att.strip(), c) for c in compile_modes for att in a.attention.split(",") if att.strip()]
-    modes.append((1, "sdpa", cuda))
+    modes = [(a.ttt, att.strip(), c, False) for c in compile_modes for att in a.attention.split(",") if att.strip()]
+    if a.packed:
+        modes.insert(1, (a.ttt, "flex" if cuda else "sdpa", cuda, True))
+    modes.append((1, "sdpa", cuda, False))
     results = {}
-    for ttt, att, compiled in modes:
-        name = (f"ttt{ttt}_{att}" if ttt > 1 else "ttt1") + ("" if compiled or not cuda else "_eager")
+    for ttt, att, compiled, packed in modes:
+        name = (f"ttt{ttt}_{att}" if ttt > 1 else "ttt1") + ("" if compiled or not cuda else "_eager") + ("_packed" if packed else "")
         try:
-            results[name] = measure(cfg, a, ttt, att, device, world, rank, compiled)
+            results[name] = measure(cfg, a, ttt, att, device, world, rank, compiled, packed)
         except Exception as e:  # noqa: BLE001 (one mode failing, e.g. flex compile, must not lose the others)
             results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
         if rank == 0:

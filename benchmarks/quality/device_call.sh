@@ -3,6 +3,7 @@
 #   bash benchmarks/quality/device_call.sh benches BUDGET_S               # issue 3: bench_extract + bench_train (8B + quality shape)
 #   bash benchmarks/quality/device_call.sh extract [LIMIT_S]              # issue 3: bench_extract alone (~250 s)
 #   bash benchmarks/quality/device_call.sh cuda-tests [LIMIT_S]           # tests/cuda on the GPU
+#   bash benchmarks/quality/device_call.sh train-quality [LIMIT_S]        # bench_train at the race's shape: dense vs packed rows, profiled
 #   bash benchmarks/quality/device_call.sh quality BUDGET_S [STEPS [FLAGS]] # issue 8 steps (resumable in /tmp/e3q);
 #        FLAGS go to run_quality.py. speculators' inductor cache comes back as $OUT/spec_inductor.tgz.part-*;
 #        put those files in .inductor/ and carry [".whl", ".inductor"] to start the next machine warm.
@@ -39,6 +40,9 @@ if [ "$mode" = quality ]; then
   fi
 elif [ "$mode" = cuda-tests ]; then  # tests/cuda: compiled training, batched decoding, the train stage on CUDA
   timeout "${2:-300}" python3 -m pytest -q -p no:cacheprovider tests/cuda 2>&1 | tee -a "$log"
+elif [ "$mode" = train-quality ]; then  # the race's drafter shape, no target needed: where a training step's time goes
+  timeout "${2:-200}" python3 benchmarks/bench_train.py --shape quality --batch 8 --counted 0.4 --attention flex --packed \
+    --profile --out "$OUT/train_quality_h200.json" 2>&1 | tee -a "$log"
 elif [ "$mode" = extract ]; then  # issue 3's extraction benchmark alone
   timeout "${2:-260}" python3 benchmarks/bench_extract.py --out "$OUT/extract_h200.json" 2>&1 | tee -a "$log"
 elif [ "$mode" = benches ]; then
@@ -46,7 +50,7 @@ elif [ "$mode" = benches ]; then
   # benchmarks (8B compile) used the whole budget and extraction got 20 s.
   timeout 200 python3 benchmarks/bench_extract.py --out "$OUT/extract_h200.json" 2>&1 | tee -a "$log"
   timeout 170 python3 benchmarks/bench_train.py --attention flex --out "$OUT/train_h200.json" 2>&1 | tee -a "$log"
-  timeout 120 python3 benchmarks/bench_train.py --shape quality --batch 8 --counted 0.4 --attention flex --profile \
+  timeout 120 python3 benchmarks/bench_train.py --shape quality --batch 8 --counted 0.4 --attention flex --packed --profile \
     --out "$OUT/train_quality_h200.json" 2>&1 | tee -a "$log"
 fi
 echo "device_call $mode done in $(( $(date +%s) - t0 ))s" | tee -a "$log"

@@ -21,7 +21,8 @@ def _report(stage: dict | None) -> dict:
 
 def _acceptance(rep: dict) -> dict:
     return {k: rep.get(k) for k in ("mean_acceptance_length", "acceptance_rate_per_position", "num_prompts",
-                                    "num_draft_tokens", "generated_tokens", "target_greedy_match")
+                                    "num_draft_tokens", "generated_tokens", "target_greedy_match", "verify_steps",
+                                    "accepted_per_position")
             if k in rep}
 
 
@@ -45,6 +46,9 @@ def ours(result: dict | None, store_root: Path | None = None) -> dict | None:
                     "bytes_per_token": round(ex["shard_bytes"] / tokens, 1) if tokens and ex.get("shard_bytes") else None},
         "evaluate": (st.get("evaluate") or {}).get("stats"),
         "train": {"stats": tr.get("stats"), "steady_tokens_per_s": steady(records),
+                  # every logged window: which ones compiling (or anything else) slowed down
+                  "window_tokens_per_s": [r.get("tokens_per_s") for r in records],
+                  "window_data_wait_frac": [r.get("data_wait_frac") for r in records],
                   "loop_tokens_per_s": (tr.get("stats") or {}).get("tokens_per_s"),
                   "peak_memory_gib": (tr.get("stats") or {}).get("peak_memory_gib"),
                   "stage_started_at": tr.get("started_at"), "stage_finished_at": tr.get("finished_at")},

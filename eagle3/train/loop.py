@@ -260,11 +260,11 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
     total_epochs = full_epochs + (1 if frac > 0 else 0)
     max_steps = s.max_steps if s.max_steps is not None else 1 << 62
     t_start, tokens_at_start, last_ckpt = time.perf_counter(), tokens_seen, step
-    window_t, window_tokens = time.perf_counter(), 0
+    window_t, window_tokens, window_wait = time.perf_counter(), 0, 0.0
 
     def record(step: int, loss: Tensor, step_loss: Tensor, step_acc: Tensor, step_count: Tensor, grad_norm: Any, lr: float) -> None:
         """Reduce the last batch's stats over ranks and log one metrics record (every rank calls this)."""
-        nonlocal window_t, window_tokens
+        nonlocal window_t, window_tokens, window_wait
         stats = torch.stack([loss.detach().float(), *(step_loss * step_count), *(step_acc * step_count), *step_count.float()])
         _reduce(stats, env)
         n = stats[1 + 2 * s.ttt_steps :].clamp_min(1)
@@ -273,8 +273,10 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
         rec.update({f"acc_{k}": float(stats[1 + s.ttt_steps + k] / n[k]) for k in range(s.ttt_steps)})
         now = time.perf_counter()
         rec["tokens_per_s"] = round(window_tokens / max(now - window_t, 1e-9), 1)
+        # Share of the window the loop waited for its next batch (input-bound when large).
+        rec["data_wait_frac"] = round(window_wait / max(now - window_t, 1e-9), 4)
         rec["tokens"] = tokens_seen
-        window_t, window_tokens = now, 0
+        window_t, window_tokens, window_wait = now, 0, 0.0
         if log is not None:
             log.log(rec)
         job.progress(step, horizon, "steps", loss=round(rec["loss"], 4), acc_0=round(rec["acc_0"], 4))
@@ -287,7 +289,9 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
         with Prefetcher(job.plan.iterate(job.open_shard, epoch, dtype, skip=batch_idx, pad_to=pad_to, pin=cuda)) as it:
             on_device = AheadOnDevice(it, env.device, side_stream=s.copy_ahead)
             while step < max_steps:
+                waited = time.perf_counter()
                 b: Batch | None = on_device.take() if limit is None or batch_idx < limit else None
+                window_wait += time.perf_counter() - waited
                 no_batch, stopping = _agree(env, b is None, stop())
                 if stopping:
                     if step > last_ckpt:

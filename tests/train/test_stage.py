@@ -82,7 +82,8 @@ def test_train_commits_drafter_metrics_and_last_two_checkpoints(upstream, tmp_pa
     assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
     records = parse_metrics(store.get_bytes("t/train/metrics.jsonl").decode())
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
-    assert {"loss", "lr", "grad_norm", "tokens_per_s", "loss_2", "acc_2"} <= set(records[0])
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "loss_2", "acc_2", "data_wait_frac"} <= set(records[0])
+    assert all(0 <= r["data_wait_frac"] <= 1 for r in records)
     head = load_file(store.local_path("t/extract/target_head.safetensors"))
     drafter = load_drafter(store.local_path("t/train/drafter.safetensors"), head["embed_tokens.weight"])
     assert drafter.config.draft_vocab_size == 64 and drafter.config.aux_layer_ids == stats["aux_layer_ids"]
