@@ -164,6 +164,7 @@ class TTTCache:
         self.v: list[Tensor] = []
         self.backend = backend
         self.doc_ids = doc_ids
+        self._doc_masks = None  # flex's block masks of the packed rows, derived once per batch
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         self.k.append(k)
@@ -172,10 +173,12 @@ class TTTCache:
         if step == 0 and docs is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         keys, values = torch.cat(self.k, dim=2), torch.cat(self.v, dim=2)  # [B, kv, (step+1)T, D]
-        if self.backend == "flex":
-            from eagle3.drafter.flex import ttt_flex_attention
+        if self.backend == "flex" and (docs is None or t % 128 == 0):
+            from eagle3.drafter.flex import DocBlockMasks, ttt_flex_attention
 
-            out = ttt_flex_attention(q, keys, values, step, docs)
+            if docs is not None and self._doc_masks is None:
+                self._doc_masks = DocBlockMasks(docs)
+            out = ttt_flex_attention(q, keys, values, step, self._doc_masks)
             if out is not None:
                 return out
         if q.is_cuda and q.shape[1] != keys.shape[1]:

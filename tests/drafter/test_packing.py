@@ -63,31 +63,38 @@ def doc_ids_of(bounds: list[int]) -> torch.Tensor:
     return docs
 
 
-def blocks_listed(count: torch.Tensor, indices: torch.Tensor, kv_blocks: int) -> torch.Tensor:
-    out = torch.zeros(count.shape[-1], kv_blocks, dtype=torch.bool)
-    for i, n in enumerate(count[0, 0].tolist()):
-        out[i, indices[0, 0, i, :n].long()] = True
+def blocks_listed(count: torch.Tensor, indices: torch.Tensor, columns: int, row: int = 0) -> torch.Tensor:
+    """One row's block list (count [B, 1, R], indices [B, 1, R, C]) as a bool [R, columns]; its entries must ascend."""
+    out = torch.zeros(count.shape[-1], columns, dtype=torch.bool)
+    for i, n in enumerate(count[row, 0].tolist()):
+        listed = indices[row, 0, i, :n].long()
+        assert torch.all(listed[1:] > listed[:-1]), (i, listed)
+        out[i, listed] = True
     return out
 
 
 @pytest.mark.parametrize("bounds", [[0, 70, 200, 330, 379, 384], [0, 128, 256, 384], [0, 384], [0, 5, 384]])
 def test_document_block_lists_match_the_dense_mask(bounds):
     """The compiled kernel visits only the listed blocks and skips the mask inside full ones:
-    a block is listed iff any of its positions is visible, and full iff all are."""
-    from eagle3.drafter.flex import BLOCK, ttt_doc_block_mask
+    a block is listed iff any of its positions is visible, and full iff all are; the query-side
+    lists (walked by the backward pass) are the transposes."""
+    from eagle3.drafter.flex import BLOCK, DocBlockMasks
 
-    docs = doc_ids_of(bounds)
-    t = docs.shape[1]
-    for step in range(3):
-        bm = ttt_doc_block_mask(docs, step)
-        dense = ttt_mask(t, step, None, docs)[0, 0]  # [T, (step+1)T]
-        tiles = dense.view(t // BLOCK, BLOCK, -1, BLOCK)
-        any_, all_ = tiles.any(3).any(1), tiles.all(3).all(1)
-        kvb = (step + 1) * t // BLOCK
-        partial = blocks_listed(bm.kv_num_blocks, bm.kv_indices, kvb)
-        full = blocks_listed(bm.full_kv_num_blocks, bm.full_kv_indices, kvb)
-        assert torch.equal(full, all_), step
-        assert torch.equal(partial, any_ & ~all_), step
+    docs = torch.cat([doc_ids_of(bounds), doc_ids_of([0, 300, 384])])  # a second row: masks are per row
+    t, nb = docs.shape[1], docs.shape[1] // BLOCK
+    masks = DocBlockMasks(docs)
+    for step in range(4):
+        bm = masks.for_step(step)
+        for row in range(2):
+            dense = ttt_mask(t, step, None, docs)[row, 0]  # [T, (step+1)T]
+            tiles = dense.view(nb, BLOCK, -1, BLOCK)
+            any_, all_ = tiles.any(3).any(1), tiles.all(3).all(1)
+            kvb = (step + 1) * nb
+            at = (step, row)
+            assert torch.equal(blocks_listed(bm.full_kv_num_blocks, bm.full_kv_indices, kvb, row), all_), at
+            assert torch.equal(blocks_listed(bm.kv_num_blocks, bm.kv_indices, kvb, row), any_ & ~all_), at
+            assert torch.equal(blocks_listed(bm.q_num_blocks, bm.q_indices, nb, row), (any_ & ~all_).T), at
+            assert torch.equal(blocks_listed(bm.full_q_num_blocks, bm.full_q_indices, nb, row), all_.T), at
 
 
 def test_flex_document_mask_equals_dense_mask():
