@@ -81,15 +81,38 @@ class TTTResult:
     chain: Tensor | None = None  # [4, S] with chain=True: see chain_sums
 
 
-def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
+def rows_where(flags: Tensor, count: int | None) -> Tensor:
+    """Indices of the set entries of a flat bool tensor. With ``count`` known beforehand (from
+    :func:`row_counts` on the host's copy of the batch) the GPU is not waited for: nonzero()
+    must learn the result's size from the device, a host synchronisation per call."""
+    if count is None:
+        return flags.nonzero().squeeze(-1)
+    return torch.nonzero_static(flags, size=count).squeeze(-1)
+
+
+def teacher_needed(loss_mask: Tensor) -> Tensor:
+    """Flat bool [B·T]: the positions whose teacher logits any TTT step uses (see :func:`teacher_logits`)."""
+    return shift_left(loss_mask, 1).bool().flatten()
+
+
+def row_counts(loss_mask: Tensor, doc_ids: Tensor | None, steps: int) -> list[int]:
+    """[teacher positions, counted rows of step 0, ..., of step steps-1] of one batch: computed
+    where the batch is made (host memory), so the GPU's forward never stops to count them."""
+    counts = [int(teacher_needed(loss_mask).sum())]
+    ids = torch.zeros_like(loss_mask, dtype=torch.int64)
+    return counts + [int(step_inputs(ids, loss_mask, k, doc_ids)[2].sum()) for k in range(steps)]
+
+
+def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor, count: int | None = None) -> tuple[Tensor, Tensor]:
     """Teacher logits of every position any TTT step is taught by, computed once per batch.
 
     Step k at row t is taught by z_{t+1+k} and counts iff loss_mask[t+2+k]: so position j
     is needed iff loss_mask[j+1], the same set for every step. → (logits [R0, N] in the
     head's dtype, row_of [B·T] int64: the logits row of flat position j, or -1).
+    ``count``: R0 when already known (:func:`row_counts`).
     """
-    needed = shift_left(loss_mask, 1).bool().flatten()  # [B·T]
-    idx = needed.nonzero().squeeze(-1)  # [R0]
+    needed = teacher_needed(loss_mask)  # [B·T]
+    idx = rows_where(needed, count)  # [R0]
     with torch.no_grad():
         f = final_hidden.flatten(0, 1).index_select(0, idx).to(teacher_head.dtype)  # [R0, Ht]
         logits = f @ teacher_head.T  # [R0, N]
@@ -100,14 +123,15 @@ def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor
 
 def step_kl(
     drafter: Eagle3Drafter, teacher: Tensor, row_of: Tensor, hidden: Tensor, counted: Tensor, step: int, chunk_rows: int,
-    compiled: bool = False,
+    compiled: bool = False, count: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Sum of KL, hits and count over the counted rows of TTT step ``step``.
 
     hidden [B, T, H] drafter output; teacher/row_of from :func:`teacher_logits`. Row t's
     teacher is position t+1+step of the same sample (counted rows never run off the end).
+    ``count``: how many rows are counted, when already known (:func:`row_counts`).
     """
-    idx = counted.flatten().nonzero().squeeze(-1)  # [R]
+    idx = rows_where(counted.flatten(), count)  # [R]
     if idx.numel() == 0:
         # Zero, but through every weight: a batch with nothing counted still backpropagates
         # to all parameters, which DDP needs to finish its gradient reduction.
@@ -116,7 +140,7 @@ def step_kl(
     x = drafter.norm(hidden.flatten(0, 1).index_select(0, idx))  # [R, H]
     t = teacher.index_select(0, row_of.index_select(0, idx + 1 + step))  # [R, N]
     kl, hits = linear_kl(x, drafter.lm_head.weight, t, chunk_rows, compiled)
-    return kl, hits, torch.tensor(idx.numel(), device=hidden.device)
+    return kl, hits, torch.full((), idx.numel(), dtype=torch.long, device=hidden.device)  # no host-to-device copy
 
 
 def chain_sums(hits: Tensor, counted: Tensor, preds: Tensor) -> Tensor:
@@ -177,14 +201,18 @@ def ttt_loss(
     compiled: bool = False,
     chain: bool = False,
     doc_ids: Tensor | None = None,
+    counts: list[int] | None = None,
 ) -> TTTResult:
     """input_ids [B, T], aux_hidden [B, T, 3Ht], final_hidden [B, T, Ht], loss_mask [B, T];
     teacher_head [N, Ht] = the target lm_head rows of the draft vocab; doc_ids [B, T] for
-    packed rows (None: one sample per row)."""
+    packed rows (None: one sample per row); counts: :func:`row_counts` of the batch, when
+    the caller has them (no host synchronisation per step)."""
+    if counts is not None and len(counts) < steps + 1:
+        raise ValueError(f"row counts for {len(counts) - 1} TTT steps, {steps} needed")
     cache = TTTCache(attention, doc_ids)
-    teacher, row_of = teacher_logits(teacher_head, final_hidden, loss_mask)  # [R0, N], [B·T]
+    teacher, row_of = teacher_logits(teacher_head, final_hidden, loss_mask, None if counts is None else counts[0])
     hidden = drafter.project_aux(aux_hidden)  # [B, T, H]
-    losses, accs, counts = [], [], []
+    losses, accs, rows = [], [], []
     total = hidden.new_zeros((), dtype=torch.float32)
     counter = ChainCounter() if chain else None
     for k in range(steps):
@@ -192,14 +220,15 @@ def ttt_loss(
         hidden = drafter.step_hidden(tokens, hidden, positions, cache)  # [B, T, H]
         if counter is not None:
             counter.step(drafter, teacher, row_of, hidden, counted, k)
-        kl, hits, n = step_kl(drafter, teacher, row_of, hidden, counted, k, chunk_rows, compiled)
+        kl, hits, n = step_kl(drafter, teacher, row_of, hidden, counted, k, chunk_rows, compiled,
+                              None if counts is None else counts[1 + k])
         denom = n.clamp_min(1)
         loss_k = kl / denom
         total = total + decay**k * loss_k
         losses.append(loss_k.detach())
         accs.append(hits.float() / denom)
-        counts.append(n)
-    return TTTResult(total, torch.stack(losses), torch.stack(accs), torch.stack(counts),
+        rows.append(n)
+    return TTTResult(total, torch.stack(losses), torch.stack(accs), torch.stack(rows),
                      None if counter is None else counter.sums())
 
 
@@ -232,12 +261,12 @@ class TTTObjective(nn.Module):
             self.compiled, self.attention = saved
 
     def forward(self, input_ids: Tensor, aux_hidden: Tensor, final_hidden: Tensor, loss_mask: Tensor,
-                doc_ids: Tensor | None = None, chain: bool = False) -> tuple[Tensor, ...]:
+                doc_ids: Tensor | None = None, chain: bool = False, counts: list[int] | None = None) -> tuple[Tensor, ...]:
         """→ (loss, step_loss, step_acc, step_count), and the [4, S] chain counts with ``chain``."""
         assert self.teacher_head is not None, "set TTTObjective.teacher_head first"
         r = ttt_loss(
             self.drafter, self.teacher_head, input_ids, aux_hidden, final_hidden, loss_mask,
-            self.steps, self.decay, self.chunk_rows, self.attention, self.compiled, chain, doc_ids,
+            self.steps, self.decay, self.chunk_rows, self.attention, self.compiled, chain, doc_ids, counts,
         )
         if r.chain is not None:
             return r.loss, r.step_loss, r.step_acc, r.step_count, r.chain

@@ -113,6 +113,7 @@ class Batch:
     final_hidden: Tensor  # [B, T, Ht]
     tokens: int  # real (unpadded) tokens
     doc_ids: Tensor | None = None  # int32 [B, T], packed rows: which sample each token is of (-1: padding)
+    row_counts: list[int] | None = None  # eagle3.drafter.loss.row_counts, counted where the batch is made
 
     def tensors(self) -> tuple[Tensor, ...]:
         base = (self.input_ids, self.loss_mask, self.aux_hidden, self.final_hidden)
@@ -121,7 +122,7 @@ class Batch:
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
         t = [x.to(device, non_blocking=nb) for x in self.tensors()]
-        return Batch(t[0], t[1], t[2], t[3], self.tokens, t[4] if len(t) > 4 else None)
+        return Batch(t[0], t[1], t[2], t[3], self.tokens, t[4] if len(t) > 4 else None, self.row_counts)
 
 
 def _spans(shard: HiddenShard, samples: list[int], max_seq_len: int) -> list[slice]:

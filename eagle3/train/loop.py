@@ -11,7 +11,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from eagle3.drafter.adapter import EXPORT_KEYS
-from eagle3.drafter.loss import TTTObjective, chain_rates
+from eagle3.drafter.loss import TTTObjective, chain_rates, row_counts
 from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3.errors import StageError
 from eagle3.extract.shards import HiddenShard
@@ -178,6 +178,13 @@ def _gather_rng(env: DistEnv) -> list[dict[str, Any]]:
     return out
 
 
+def _with_row_counts(batches: Iterator[Batch], steps: int) -> Iterator[Batch]:
+    """Each batch with its row counts, counted on the host copy (on the prefetch thread)."""
+    for b in batches:
+        b.row_counts = row_counts(b.loss_mask, b.doc_ids, steps)
+        yield b
+
+
 def _eval(wrapped: torch.nn.Module, objective: TTTObjective, job: TrainJob, env: DistEnv, dtype: torch.dtype,
           pad_to: int) -> dict[str, float]:
     """Loss/accuracy per TTT step on the held-out samples (summed over ranks), uncompiled; with the
@@ -286,7 +293,8 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
     wrapped.train()
     while epoch < total_epochs and step < max_steps:
         limit = math.ceil(frac * per_epoch) if epoch == full_epochs else None
-        with Prefetcher(job.plan.iterate(job.open_shard, epoch, dtype, skip=batch_idx, pad_to=pad_to, pin=cuda)) as it:
+        batches = job.plan.iterate(job.open_shard, epoch, dtype, skip=batch_idx, pad_to=pad_to, pin=cuda)
+        with Prefetcher(_with_row_counts(batches, s.ttt_steps)) as it:
             on_device = AheadOnDevice(it, env.device, side_stream=s.copy_ahead)
             while step < max_steps:
                 waited = time.perf_counter()
@@ -300,7 +308,8 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
                 if no_batch or b is None:
                     break
                 with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cuda):
-                    loss, step_loss, step_acc, step_count = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask, b.doc_ids)
+                    loss, step_loss, step_acc, step_count = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask, b.doc_ids,
+                                                                    counts=b.row_counts)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
                 if hasattr(grad_norm, "full_tensor"):

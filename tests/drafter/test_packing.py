@@ -111,3 +111,26 @@ def test_flex_document_mask_equals_dense_mask():
         k, v = torch.randn(1, kv, t, d), torch.randn(1, kv, t, d)
         out = {name: c.attend(q, k, v) for name, c in caches.items()}
         torch.testing.assert_close(out["flex"], out["sdpa"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_row_counts_counted_on_the_host_select_the_same_rows(packed):
+    """Given the batch's row counts (made where the batch is made), the loss selects its rows
+    without asking the device how many there are, and everything stays the same."""
+    from eagle3.drafter.loss import row_counts
+
+    head, padded, packed_row, docs = padded_and_packed()
+    args, doc_ids = (packed_row, docs) if packed else (padded, None)
+    counts = row_counts(args[3], doc_ids, 4)
+    m = tiny_drafter().train()
+    r1 = ttt_loss(m, head, *args, steps=4, doc_ids=doc_ids)
+    g1 = torch.autograd.grad(r1.loss, [m.fc.weight, m.lm_head.weight])
+    r2 = ttt_loss(m, head, *args, steps=4, doc_ids=doc_ids, counts=counts)
+    g2 = torch.autograd.grad(r2.loss, [m.fc.weight, m.lm_head.weight])
+    assert counts[1:] == r1.step_count.tolist() == r2.step_count.tolist()
+    assert counts[0] == int(args[3][:, 1:].sum())  # teacher positions: every j with loss_mask[j+1]
+    torch.testing.assert_close(r1.step_loss, r2.step_loss)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="row counts for 2 TTT steps, 4 needed"):
+        ttt_loss(m, head, *args, steps=4, doc_ids=doc_ids, counts=counts[:3])
