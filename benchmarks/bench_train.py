@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle3.drafter.loss import TTTObjective  # noqa: E402
+from eagle3.drafter.loss import TTTObjective, row_counts  # noqa: E402
 from eagle3.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
 
 LLAMA_8B = dict(hidden_size=4096, target_hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
@@ -119,10 +119,12 @@ def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str,
     final = torch.randn(b, t, h, generator=g).to(device, dtype)
     mask = (torch.rand(b, t, generator=g) < a.counted).to(device, torch.uint8)
     docs = packed_doc_ids(t, g).to(device) if packed else None
+    # As the train stage: the rows each step counts are known from the host copy (no sync per step).
+    counts = row_counts(mask.cpu(), None if docs is None else docs.cpu(), ttt)
 
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-            loss, *_ = model(ids, aux, final, mask, docs)
+            loss, *_ = model(ids, aux, final, mask, docs, counts=counts)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
