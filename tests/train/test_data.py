@@ -41,6 +41,7 @@ def test_collate_packed_lays_samples_end_to_end_with_document_ids():
     assert b.doc_ids.tolist() == [[0] * 5 + [1] * 3 + [-1] * 4]
     assert b.input_ids[0, :8].tolist() == [3, 4, 5, 6, 7, 0, 1, 2]
     assert b.loss_mask[0].tolist() == [1] * 8 + [0] * 4
+    assert not b.input_ids[0, 8:].any() and not b.aux_hidden[0, 8:].any() and not b.final_hidden[0, 8:].any()  # the tail
     assert torch.equal(b.final_hidden[0, 5:8], s.final_hidden[0:3])
     assert b.to(torch.device("cpu")).doc_ids is not None
 
