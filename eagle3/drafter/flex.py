@@ -68,14 +68,12 @@ class DocBlockMasks:
     every list per step (about 6× fewer kernel launches per batch)."""
 
     def __init__(self, doc_ids: Tensor) -> None:
-        b, t = doc_ids.shape
+        from eagle3.drafter.model import doc_start_rows
+
+        t = doc_ids.shape[1]
         self.t, self.nb = t, t // BLOCK
         dev = doc_ids.device
-        idx = torch.arange(t, device=dev)
-        starts = torch.ones_like(doc_ids, dtype=torch.bool)
-        starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
-        doc_start = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values  # first row of each row's document
-        first_kv = doc_start[:, ::BLOCK] // BLOCK  # [B, Qb]: the earliest block any row of this query block sees
+        first_kv = doc_start_rows(doc_ids)[:, ::BLOCK] // BLOCK  # [B, Qb]: the earliest block any row of this query block sees
         qb = torch.arange(self.nb, device=dev)
         j, i = qb[None, None, :], qb[None, :, None]
         seen = (j <= i) & (j >= first_kv[:, :, None])  # [B, Qb, KVb]
@@ -119,11 +117,6 @@ class DocBlockMasks:
             full_kv_num_blocks=full_count, full_kv_indices=full_idx, q_num_blocks=q_count, q_indices=q_idx,
             full_q_num_blocks=full_q_count, full_q_indices=full_q_idx, BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=self.mask_mod,
         )
-
-
-def ttt_doc_block_mask(doc_ids: Tensor, step: int) -> BlockMask:
-    """Step ``step``'s TTT block mask of packed rows doc_ids [B, T] (one step of :class:`DocBlockMasks`)."""
-    return DocBlockMasks(doc_ids).for_step(step)
 
 
 def ttt_flex_attention(q: Tensor, keys: Tensor, values: Tensor, step: int, doc_masks: DocBlockMasks | None = None) -> Tensor | None:

@@ -11,7 +11,8 @@ sampled, then the drafter's own output, one position further each step. A predic
 counts when the token it predicts, x_{t+2+k}, is loss-masked (an assistant token);
 rows whose targets fall off the end are masked. In a packed row (``doc_ids``, several
 samples one after another) positions count from each sample's start, attention stays
-inside the sample, and a row counts only when its target is of the same sample. The teacher is the target's lm_head
+inside the sample, and a row counts only when its target is of the same sample. The
+teacher is the target's lm_head
 restricted to the draft vocab, applied to the stored final hidden state once per batch
 (every step is taught by the same set of positions); the draft head and the KL run
 fused, chunk by chunk (:mod:`eagle3.drafter.linear_kl`), only over counted rows.
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 from eagle3.drafter.linear_kl import linear_kl
-from eagle3.drafter.model import Eagle3Drafter, TTTCache
+from eagle3.drafter.model import Eagle3Drafter, TTTCache, doc_start_rows
 
 
 def shift_left(x: Tensor, k: int, fill: float | int = 0) -> Tensor:
@@ -50,11 +51,7 @@ def shift_left(x: Tensor, k: int, fill: float | int = 0) -> Tensor:
 
 def doc_positions(doc_ids: Tensor) -> Tensor:
     """doc_ids [B, T] (each document contiguous) → each token's position inside its document."""
-    b, t = doc_ids.shape
-    idx = torch.arange(t, device=doc_ids.device).expand(b, t)
-    starts = torch.ones_like(doc_ids, dtype=torch.bool)
-    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
-    return idx - torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return torch.arange(doc_ids.shape[1], device=doc_ids.device) - doc_start_rows(doc_ids)
 
 
 def step_inputs(input_ids: Tensor, loss_mask: Tensor, step: int, doc_ids: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:

@@ -140,6 +140,14 @@ class KVCache:
         return F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=mask, enable_gqa=True)
 
 
+def doc_start_rows(doc_ids: Tensor) -> Tensor:
+    """doc_ids [B, T] (each document contiguous) → [B, T]: the row where each token's document starts."""
+    idx = torch.arange(doc_ids.shape[1], device=doc_ids.device).expand_as(doc_ids)
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    return torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+
+
 def ttt_mask(t: int, step: int, device: torch.device | None = None, doc_ids: Tensor | None = None) -> Tensor:
     """Bool [T, (step+1)·T]: step-0 block causal, blocks 1..step diagonal (row t sees row t).
     With doc_ids [B, T] (packed rows): [B, 1, T, (step+1)·T], the step-0 block also within a document."""
