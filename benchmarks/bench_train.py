@@ -8,9 +8,9 @@ Modes, each measured in the same run:
   ttt{N}_{attention}  the full objective with N TTT steps (default 7), flex and/or sdpa attention,
                       compiled as the train stage runs it on CUDA (train.compile)
   ttt{N}_{attention}_eager  the same without torch.compile (GPU runs)
-  ttt{N}_{attention}_packed  with --packed: the same tokens as one packed row of documents of
-                      100-900 tokens (train.pack, the stage's default): document-masked attention,
-                      its block masks built for every step as the stage builds them per batch
+  ttt{N}_{attention}_packed  with --packed: the same batch shape, each row packed with documents
+                      of 100-900 tokens (train.pack, the stage's default): document-masked attention,
+                      its block masks built per step as the stage builds them per batch
   ttt1                a plain forward+backward of the same drafter (one step): the baseline
 The JSON reports ``ttt_overhead`` = tokens/s of ttt1 / tokens/s of the TTT mode.
 
@@ -80,17 +80,19 @@ def relaunch_under_torchrun(a: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
-def packed_doc_ids(tokens: int, g: torch.Generator) -> torch.Tensor:
-    """[1, tokens]: documents of 100-900 tokens (fewer in short rows) end to end, the row's tail padding (-1)."""
-    docs = torch.full((1, tokens), -1, dtype=torch.int32)
-    at = d = 0
+def packed_doc_ids(rows: int, tokens: int, g: torch.Generator) -> torch.Tensor:
+    """[rows, tokens]: each row documents of 100-900 tokens (fewer in short rows) end to end, its tail padding (-1)."""
+    docs = torch.full((rows, tokens), -1, dtype=torch.int32)
     lo, hi = min(100, tokens // 8), min(900, tokens // 2)
-    while True:
-        n = int(torch.randint(lo, hi + 1, (1,), generator=g))
-        if at + n > tokens:
-            return docs
-        docs[0, at : at + n] = d
-        at, d = at + n, d + 1
+    for r in range(rows):
+        at = d = 0
+        while True:
+            n = int(torch.randint(lo, hi + 1, (1,), generator=g))
+            if at + n > tokens:
+                break
+            docs[r, at : at + n] = d
+            at, d = at + n, d + 1
+    return docs
 
 
 def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str, device: torch.device, world: int, rank: int,
@@ -111,14 +113,12 @@ def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str,
     params = [p for p in objective.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, fused=cuda or None)
     b, t, h = a.batch, a.seq_len, cfg.target_hidden_size
-    if packed:
-        b, t = 1, a.batch * a.seq_len
     g = torch.Generator(device="cpu").manual_seed(rank)
     ids = torch.randint(0, cfg.vocab_size, (b, t), generator=g).to(device)
     aux = torch.randn(b, t, 3 * h, generator=g).to(device, dtype)
     final = torch.randn(b, t, h, generator=g).to(device, dtype)
     mask = (torch.rand(b, t, generator=g) < a.counted).to(device, torch.uint8)
-    docs = packed_doc_ids(t, g).to(device) if packed else None
+    docs = packed_doc_ids(b, t, g).to(device) if packed else None
     # As the train stage: the rows each step counts are known from the host copy (no sync per step).
     counts = row_counts(mask.cpu(), None if docs is None else docs.cpu(), ttt)
 

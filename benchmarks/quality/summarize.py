@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import statistics
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,30 @@ def steady(records: list[dict[str, Any]], key: str = "tokens_per_s", skip: float
 
 def _report(stage: dict | None) -> dict:
     return (stage or {}).get("report") or {}
+
+
+def acceptance_ratio_ci(ours: dict, theirs: dict, draws: int = 2000, seed: int = 0) -> dict | None:
+    """Ratio of mean acceptance lengths (ours / theirs) with a 95 % interval from a paired bootstrap
+    over the prompts both reports decoded (matched by id): how much of a small difference is the
+    choice of prompts. Each prompt weighs by its verify steps, as the mean over steps does."""
+    def per_prompt(rep: dict) -> dict:
+        return {r["id"]: (r["mean_acceptance_length"] * r["verify_steps"], r["verify_steps"])
+                for r in rep.get("per_prompt") or [] if r.get("verify_steps")}
+
+    a, b = per_prompt(ours), per_prompt(theirs)
+    ids = sorted(set(a) & set(b))
+    if len(ids) < 2:
+        return None
+
+    def ratio(sample: list) -> float:
+        ta = sum(a[i][0] for i in sample) / sum(a[i][1] for i in sample)
+        tb = sum(b[i][0] for i in sample) / sum(b[i][1] for i in sample)
+        return ta / tb
+
+    rng = random.Random(seed)
+    boot = sorted(ratio([rng.choice(ids) for _ in ids]) for _ in range(draws))
+    return {"ratio": round(ratio(ids), 4), "ci95": [round(boot[int(0.025 * draws)], 4), round(boot[int(0.975 * draws) - 1], 4)],
+            "prompts": len(ids), "draws": draws}
 
 
 def _acceptance(rep: dict) -> dict:
@@ -119,8 +144,13 @@ def summarize(done: dict[str, dict | None], status: dict[str, str], args: dict[s
                                                     head["speculators"]["train_steady_tokens_per_s"]),
             "peak_memory_ratio": _ratio(head["ours_bf16"]["train_peak_memory_gib"],
                                         head["speculators"]["train_peak_memory_gib"]),
+            "acceptance_length_ratio_paired_bootstrap": acceptance_ratio_ci(
+                _report(done["ours_bf16"]["stages"].get("evaluate")), _report((done.get("spec") or {}).get("evaluate"))),
             "goals": "acceptance ratio >= 1.0; throughput ratio >= 1.5; memory ratio <= 1.0",
         }
+    if o16 and o8:
+        head["ours_fp8_vs_bf16"] = {"acceptance_length_ratio_paired_bootstrap": acceptance_ratio_ci(
+            _report(done["ours_fp8"]["stages"].get("evaluate")), _report(done["ours_bf16"]["stages"].get("evaluate")))}
     partial = (done.get("evaluate_partial") or {}).get("partial")
     if partial:  # evaluate was cut short: acceptance on the prompts every run had finished
         head["acceptance_on_prompts_finished_by_all"] = partial

@@ -6,10 +6,12 @@ next, read ahead on a thread): each epoch shuffles the shard order
 batches in a seeded random order. Everything depends only on
 (seed, epoch, shard contents), so a resumed run replays the same batches.
 
-Two layouts: *packed* (training's default) concatenates samples into one row of
-``batch_tokens`` with a document id per token (attention and the TTT shifts stay inside
-a sample), so every batch has the same shape — compiled kernels are built once and no
-token is padding but a row's tail; *padded* puts samples of similar length together,
+Two layouts: *packed* (training's default) concatenates samples into rows of
+``max_seq_len`` tokens with a document id per token (attention and the TTT shifts stay
+inside a sample), ``batch_tokens // max_seq_len`` rows a batch, so every batch has the
+same shape — compiled kernels are built once, no token is padding but a row's tail, and
+attention memory stays that of ``max_seq_len``-long rows (the dense-mask path grows with
+the square of a row); *padded* puts samples of similar length together,
 right-padded to the longest, at most ``batch_tokens`` padded tokens per batch (held-out
 evaluation, and ``train.pack: false``).
 
@@ -23,6 +25,7 @@ import random
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -164,27 +167,30 @@ def collate(shard: HiddenShard, samples: list[int], max_seq_len: int, dtype: tor
     return Batch(ids, mask, aux, final, sum(sp.stop - sp.start for sp in spans))
 
 
-def collate_packed(shard: HiddenShard, samples: list[int], max_seq_len: int, row_tokens: int, dtype: torch.dtype,
-                   pin: bool = False) -> Batch:
-    """The chosen samples (cut to max_seq_len) one after another in a single row of
-    ``row_tokens`` tokens, with each token's document id (its sample's place in the row;
-    -1 on the padded tail)."""
-    spans = _spans(shard, samples, max_seq_len)
-    n_total = sum(sp.stop - sp.start for sp in spans)
-    if n_total > row_tokens:
-        raise ValueError(f"packed row of {n_total} tokens exceeds its {row_tokens}")
-    # Every token but the tail is written below: only the tail is zeroed (84 MB a row at the race's shape).
-    ids, mask, aux, final = _empty(1, row_tokens, shard.final_hidden.shape[1], dtype, pin, zero=False)
-    docs = torch.full((1, row_tokens), -1, dtype=torch.int32, pin_memory=pin)
-    at = 0
-    for d, sp in enumerate(spans):
-        n = sp.stop - sp.start
-        _put(shard, sp, dtype, ids[0, at : at + n], mask[0, at : at + n], aux[0, at : at + n], final[0, at : at + n])
-        docs[0, at : at + n] = d
-        at += n
-    for x in (ids, mask, aux, final):
-        x[0, at:] = 0
-    return Batch(ids, mask, aux, final, n_total, docs)
+def collate_packed(shard: HiddenShard, rows: list[list[int]], max_seq_len: int, row_tokens: int, num_rows: int,
+                   dtype: torch.dtype, pin: bool = False) -> Batch:
+    """[num_rows, row_tokens]: row r holds the samples ``rows[r]`` (each cut to max_seq_len) one
+    after another, with each token's document id (its sample's place in the row; -1 on the
+    padded tail, and on whole rows past ``len(rows)``, which keep the batch's shape)."""
+    if len(rows) > num_rows:
+        raise ValueError(f"{len(rows)} packed rows exceed the batch's {num_rows}")
+    # Every token but the tails is written below: only the tails are zeroed (84 MB a batch at the race's shape).
+    ids, mask, aux, final = _empty(num_rows, row_tokens, shard.final_hidden.shape[1], dtype, pin, zero=False)
+    docs = torch.full((num_rows, row_tokens), -1, dtype=torch.int32, pin_memory=pin)
+    total = 0
+    for r in range(num_rows):
+        at = 0
+        for d, sp in enumerate(_spans(shard, rows[r], max_seq_len) if r < len(rows) else []):
+            n = sp.stop - sp.start
+            if at + n > row_tokens:
+                raise ValueError(f"packed row of more than {row_tokens} tokens")
+            _put(shard, sp, dtype, ids[r, at : at + n], mask[r, at : at + n], aux[r, at : at + n], final[r, at : at + n])
+            docs[r, at : at + n] = d
+            at += n
+        for x in (ids, mask, aux, final):
+            x[r, at:] = 0
+        total += at
+    return Batch(ids, mask, aux, final, total, docs)
 
 
 @dataclass
@@ -201,14 +207,26 @@ class DataPlan:
     def rank_shards(self, epoch: int) -> list[int]:
         return shard_order(len(self.shards), epoch, self.seed)[self.rank :: self.world]
 
-    def shard_batches(self, shard: HiddenShard, shard_idx: int, epoch: int, train: bool) -> list[list[int]]:
-        """Batches (sample indices) of one shard: its training or its held-out samples."""
-        cap = min(self.max_seq_len, self.batch_tokens)
+    @property
+    def row_cap(self) -> int:
+        """Tokens of a sample at most (longer ones are cut), and of a packed row."""
+        return min(self.max_seq_len, self.batch_tokens)
+
+    @property
+    def rows_per_batch(self) -> int:
+        return max(1, self.batch_tokens // self.row_cap)
+
+    def shard_batches(self, shard: HiddenShard, shard_idx: int, epoch: int, train: bool) -> list[list[Any]]:
+        """Batches of one shard, its training or its held-out samples: sample indices per batch
+        (padded), or per batch its rows' sample indices (packed)."""
         keep = [i for i in range(shard.num_samples) if is_eval_sample(int(shard.sample_ids[i]), self.eval_fraction, self.seed) != train]
-        lengths = [min(int(shard.offsets[i + 1] - shard.offsets[i]), cap) for i in keep]
+        lengths = [min(int(shard.offsets[i + 1] - shard.offsets[i]), self.row_cap) for i in keep]
         rng = random.Random(f"{self.seed}:{epoch}:{shard_idx}:{'train' if train else 'eval'}")
-        plan = plan_packs if self.packed(train) else plan_batches
-        return [[keep[j] for j in b] for b in plan(lengths, self.batch_tokens, rng)]
+        if self.packed(train):
+            rows = [[keep[j] for j in row] for row in plan_packs(lengths, self.row_cap, rng)]
+            n = self.rows_per_batch
+            return [rows[i : i + n] for i in range(0, len(rows), n)]
+        return [[keep[j] for j in b] for b in plan_batches(lengths, self.batch_tokens, rng)]
 
     def packed(self, train: bool) -> bool:
         return self.pack and train
@@ -226,10 +244,10 @@ class DataPlan:
 
         The next shard is read on a thread while this one is cut into batches, so a
         shard boundary does not stall training (host memory: two shards). Packed rows
-        are ``batch_tokens`` rounded up to ``pad_to`` long."""
+        are ``max_seq_len`` (at most ``batch_tokens``) rounded up to ``pad_to`` long."""
         order = self.rank_shards(epoch)
-        cap = min(self.max_seq_len, self.batch_tokens)
-        row_tokens = -(-self.batch_tokens // pad_to) * pad_to
+        cap = self.row_cap
+        row_tokens = -(-cap // pad_to) * pad_to
         packed = self.packed(train)
         seen = 0
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-read")
@@ -244,7 +262,7 @@ class DataPlan:
                     continue
                 for b in plans:
                     if seen >= skip:
-                        yield (collate_packed(shard, b, cap, row_tokens, dtype, pin) if packed
+                        yield (collate_packed(shard, b, cap, row_tokens, self.rows_per_batch, dtype, pin) if packed
                                else collate(shard, b, cap, dtype, pad_to, pin))
                     seen += 1
                 del shard

@@ -16,9 +16,9 @@ class TrainSettings(BaseModel):
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
     batch_tokens: int = Field(16384, ge=1, description="Tokens per optimizer step per process.")
     max_seq_len: int = Field(4096, ge=8, description="Longer samples are cut.")
-    pack: bool = Field(True, description="Pack samples into rows of batch_tokens, attention kept inside each sample "
-                       "(one batch shape: compiled once, no padding but a row's tail); off: samples of similar "
-                       "length right-padded together.")
+    pack: bool = Field(True, description="Pack samples into rows of max_seq_len tokens, batch_tokens // max_seq_len "
+                       "rows a batch, attention kept inside each sample (one batch shape: compiled once, no padding "
+                       "but the rows' tails); off: samples of similar length right-padded together.")
     lr: float = Field(1e-4, gt=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decays to lr·min_lr_ratio.")
     warmup_steps: int = Field(100, ge=0)

@@ -35,27 +35,29 @@ def test_plan_packs_fills_rows_and_covers_every_sample_once():
 
 
 def test_collate_packed_lays_samples_end_to_end_with_document_ids():
-    s = fake_shard([3, 6])
-    b = collate_packed(s, [1, 0], max_seq_len=5, row_tokens=12, dtype=torch.float32)
-    assert b.input_ids.shape == (1, 12) and b.tokens == 5 + 3
-    assert b.doc_ids.tolist() == [[0] * 5 + [1] * 3 + [-1] * 4]
+    s = fake_shard([3, 6, 4])
+    b = collate_packed(s, [[1, 0], [2]], max_seq_len=5, row_tokens=10, num_rows=3, dtype=torch.float32)
+    assert b.input_ids.shape == (3, 10) and b.tokens == 5 + 3 + 4
+    assert b.doc_ids.tolist() == [[0] * 5 + [1] * 3 + [-1] * 2, [0] * 4 + [-1] * 6, [-1] * 10]  # row 3: shape only
     assert b.input_ids[0, :8].tolist() == [3, 4, 5, 6, 7, 0, 1, 2]
-    assert b.loss_mask[0].tolist() == [1] * 8 + [0] * 4
-    assert not b.input_ids[0, 8:].any() and not b.aux_hidden[0, 8:].any() and not b.final_hidden[0, 8:].any()  # the tail
-    assert torch.equal(b.final_hidden[0, 5:8], s.final_hidden[0:3])
+    assert b.loss_mask.tolist() == [[1] * 8 + [0] * 2, [1] * 4 + [0] * 6, [0] * 10]
+    assert torch.equal(b.final_hidden[0, 5:8], s.final_hidden[0:3]) and torch.equal(b.aux_hidden[1, :4], s.aux_hidden[9:13])
+    tails = [(0, 8), (1, 4), (2, 0)]
+    assert all(not x[r, at:].any() for r, at in tails for x in (b.input_ids, b.aux_hidden, b.final_hidden))
     assert b.to(torch.device("cpu")).doc_ids is not None
 
 
 def test_packed_plan_keeps_one_batch_shape_and_pads_held_out_batches():
     shards = {f"s{i}": fake_shard([5 + (j * 7 + i) % 20 for j in range(12)], first_id=100 * i) for i in range(2)}
     refs = [ShardRef(n, 12, int(s.offsets[-1])) for n, s in shards.items()]
-    plan = DataPlan(refs, 60, 16, 0.2, 0, pack=True)
+    plan = DataPlan(refs, 60, 20, 0.2, 0, pack=True)  # rows of max_seq_len 20 (24 with pad_to 8), 3 rows a batch
     train = list(plan.iterate(shards.__getitem__, 0, torch.float32, pad_to=8))
-    assert {tuple(b.input_ids.shape) for b in train} == {(1, 64)}  # batch_tokens rounded up to pad_to
-    held = [i for n, sh in shards.items() for i in sh.sample_ids.tolist() if is_eval_sample(i, 0.2, 0)]
-    assert sum(b.tokens for b in train) == sum(min(16, int(sh.offsets[j + 1] - sh.offsets[j]))
+    assert {tuple(b.input_ids.shape) for b in train} == {(3, 24)}
+    held = [i for sh in shards.values() for i in sh.sample_ids.tolist() if is_eval_sample(i, 0.2, 0)]
+    assert sum(b.tokens for b in train) == sum(min(20, int(sh.offsets[j + 1] - sh.offsets[j]))
                                                for sh in shards.values() for j in range(12)
                                                if int(sh.sample_ids[j]) not in held)
+    assert all(int((b.doc_ids[r] >= 0).sum()) <= 20 for b in train for r in range(3))  # a row holds max_seq_len at most
     ev = list(plan.iterate(shards.__getitem__, 0, torch.float32, train=False))
     assert ev and all(b.doc_ids is None for b in ev)
 
