@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from eagle3.drafter.adapter import load_drafter
-from eagle3.drafter.loss import chain_rates, chain_sums, shift_left, step_inputs
+from eagle3.drafter.loss import chain_rates, chain_sums, counted_rows, shift_left, step_inputs
 from eagle3.drafter.model import Eagle3Drafter, KVCache, TTTCache
 from eagle3.extract.shards import INDEX, TARGET_HEAD, read_shard
 from eagle3.train.data import Batch, DataPlan, shard_refs
@@ -67,7 +67,7 @@ def gold_per_step(teacher_head: torch.Tensor, b: Batch, steps: int) -> tuple[tor
         z = b.final_hidden.to(teacher_head.dtype) @ teacher_head.T  # [B, T, N]
         top = z.argmax(-1)  # [B, T]
     gold = torch.stack([shift_left(top, 1 + k) for k in range(steps)])
-    counted = torch.stack([step_inputs(b.input_ids, b.loss_mask, k)[2] for k in range(steps)])
+    counted = torch.stack([counted_rows(b.loss_mask, k) for k in range(steps)])
     return gold, counted
 
 

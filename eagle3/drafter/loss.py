@@ -54,19 +54,26 @@ def doc_positions(doc_ids: Tensor) -> Tensor:
     return torch.arange(doc_ids.shape[1], device=doc_ids.device) - doc_start_rows(doc_ids)
 
 
-def step_inputs(input_ids: Tensor, loss_mask: Tensor, step: int, doc_ids: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def counted_rows(loss_mask: Tensor, step: int, doc_ids: Tensor | None = None) -> Tensor:
+    """Bool [B, T]: the rows TTT step ``step`` is taught at — row t predicts x_{t+2+step}, which
+    must be loss-masked and, in a packed row, of row t's own document."""
+    counted = shift_left(loss_mask, 2 + step).bool()
+    if doc_ids is not None:
+        counted = counted & (shift_left(doc_ids, 2 + step, fill=-1) == doc_ids) & (doc_ids >= 0)
+    return counted
+
+
+def step_inputs(input_ids: Tensor, loss_mask: Tensor, step: int, doc_ids: Tensor | None = None,
+                positions0: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(tokens [B, T], positions [B, T], counted [B, T] bool) of TTT step ``step``; with
     ``doc_ids`` (a packed row) positions restart at each document and a row counts only
-    if its target token is of its own document."""
+    if its target token is of its own document. ``positions0``: step 0's positions, when
+    the caller derived them once for every step."""
     b, t = input_ids.shape
-    tokens = shift_left(input_ids, 1 + step)
-    counted = shift_left(loss_mask, 2 + step).bool()
-    if doc_ids is None:
-        positions = torch.arange(step, t + step, device=input_ids.device).expand(b, t)
-    else:
-        positions = doc_positions(doc_ids) + step
-        counted = counted & (shift_left(doc_ids, 2 + step, fill=-1) == doc_ids) & (doc_ids >= 0)
-    return tokens, positions, counted
+    if positions0 is None:
+        positions0 = (torch.arange(t, device=input_ids.device).expand(b, t) if doc_ids is None
+                      else doc_positions(doc_ids))
+    return shift_left(input_ids, 1 + step), positions0 + step, counted_rows(loss_mask, step, doc_ids)
 
 
 @dataclass
@@ -95,9 +102,7 @@ def teacher_needed(loss_mask: Tensor) -> Tensor:
 def row_counts(loss_mask: Tensor, doc_ids: Tensor | None, steps: int) -> list[int]:
     """[teacher positions, counted rows of step 0, ..., of step steps-1] of one batch: computed
     where the batch is made (host memory), so the GPU's forward never stops to count them."""
-    counts = [int(teacher_needed(loss_mask).sum())]
-    ids = torch.zeros_like(loss_mask, dtype=torch.int64)
-    return counts + [int(step_inputs(ids, loss_mask, k, doc_ids)[2].sum()) for k in range(steps)]
+    return [int(teacher_needed(loss_mask).sum())] + [int(counted_rows(loss_mask, k, doc_ids).sum()) for k in range(steps)]
 
 
 def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor, count: int | None = None) -> tuple[Tensor, Tensor]:
@@ -212,8 +217,9 @@ def ttt_loss(
     losses, accs, rows = [], [], []
     total = hidden.new_zeros((), dtype=torch.float32)
     counter = ChainCounter() if chain else None
+    positions0 = None if doc_ids is None else doc_positions(doc_ids)  # once a batch, not once a step
     for k in range(steps):
-        tokens, positions, counted = step_inputs(input_ids, loss_mask, k, doc_ids)
+        tokens, positions, counted = step_inputs(input_ids, loss_mask, k, doc_ids, positions0)
         hidden = drafter.step_hidden(tokens, hidden, positions, cache)  # [B, T, H]
         if counter is not None:
             counter.step(drafter, teacher, row_of, hidden, counted, k)

@@ -181,14 +181,15 @@ class TTTCache:
         if step == 0 and docs is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         keys, values = torch.cat(self.k, dim=2), torch.cat(self.v, dim=2)  # [B, kv, (step+1)T, D]
-        if self.backend == "flex" and (docs is None or t % 128 == 0):
-            from eagle3.drafter.flex import DocBlockMasks, ttt_flex_attention
+        if self.backend == "flex":
+            from eagle3.drafter.flex import BLOCK, DocBlockMasks, ttt_flex_attention
 
-            if docs is not None and self._doc_masks is None:
-                self._doc_masks = DocBlockMasks(docs)
-            out = ttt_flex_attention(q, keys, values, step, self._doc_masks)
-            if out is not None:
-                return out
+            if docs is None or t % BLOCK == 0:  # packed rows of whole blocks only
+                if docs is not None and self._doc_masks is None:
+                    self._doc_masks = DocBlockMasks(docs)
+                out = ttt_flex_attention(q, keys, values, step, self._doc_masks)
+                if out is not None:
+                    return out
         if q.is_cuda and q.shape[1] != keys.shape[1]:
             # Expanded kv heads keep the masked call on the memory-efficient kernel.
             rep = q.shape[1] // keys.shape[1]

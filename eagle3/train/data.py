@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -118,14 +118,15 @@ class Batch:
     doc_ids: Tensor | None = None  # int32 [B, T], packed rows: which sample each token is of (-1: padding)
     row_counts: list[int] | None = None  # eagle3.drafter.loss.row_counts, counted where the batch is made
 
+    _TENSORS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "doc_ids")
+
     def tensors(self) -> tuple[Tensor, ...]:
-        base = (self.input_ids, self.loss_mask, self.aux_hidden, self.final_hidden)
-        return base if self.doc_ids is None else (*base, self.doc_ids)
+        return tuple(t for name in self._TENSORS if (t := getattr(self, name)) is not None)
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
-        t = [x.to(device, non_blocking=nb) for x in self.tensors()]
-        return Batch(t[0], t[1], t[2], t[3], self.tokens, t[4] if len(t) > 4 else None, self.row_counts)
+        moved = {name: t.to(device, non_blocking=nb) for name in self._TENSORS if (t := getattr(self, name)) is not None}
+        return replace(self, **moved)
 
 
 def _spans(shard: HiddenShard, samples: list[int], max_seq_len: int) -> list[slice]:
