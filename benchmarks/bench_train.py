@@ -144,18 +144,28 @@ def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str,
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
     tokens = b * t * a.steps * world
-    if a.profile and rank == 0 and not getattr(a, "_profiled", False):
-        a._profiled = True
+    prof_stats = None
+    if a.profile and rank == 0:
         from torch.profiler import ProfilerActivity, profile
 
+        from eagle3.train.profiling import device_busy
+
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        t1 = time.perf_counter()
         with profile(activities=acts) as prof:
             for _ in range(2):
                 step()
             if cuda:
                 torch.cuda.synchronize(device)
-        key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-        print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60), flush=True)
+        wall = (time.perf_counter() - t1) / 2
+        busy_us, events = device_busy(prof.events())
+        # Device busy well below the wall: the step waits on the host (launches, Python), not on the GPU.
+        prof_stats = {"wall_ms_per_step": round(1000 * wall, 2), "device_busy_ms_per_step": round(busy_us / 2000, 2),
+                      "device_events_per_step": events // 2}
+        if not getattr(a, "_profiled", False) or packed:  # the table of the first mode and of packed rows
+            a._profiled = True
+            key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+            print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60), flush=True)
     out = {
         "ttt_steps": ttt, "attention": attention, "compiled": compiled, "packed": packed,
         "tokens_per_s": round(tokens / elapsed, 1),
@@ -163,6 +173,8 @@ def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str,
     }
     if cuda:
         out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+    if prof_stats is not None:
+        out["profile"] = prof_stats
     del model, objective, drafter, opt
     if cuda:
         torch.cuda.empty_cache()

@@ -132,7 +132,8 @@ class Bench:
             "train": {"epochs": a.epochs, "batch_tokens": a.batch_tokens, "max_seq_len": 2048, "lr": a.lr,
                       "warmup_steps": a.warmup_steps, "ttt_steps": 7, "ttt_decay": 0.8,
                       "checkpoint_every": 100000, "log_every": 5, "eval_fraction": 0.02, "weight_decay": 0.0,
-                      "compile": a.train_compile, **(train or {})},
+                      "compile": a.train_compile, **({"profile_steps": a.profile_train} if a.profile_train else {}),
+                      **(train or {})},
             "evaluate": {"prompts": str(self.work / "prompts_heldout.jsonl"), "num_prompts": a.eval_prompts,
                          "num_draft_tokens": a.draft_tokens, "max_new_tokens": a.eval_new_tokens,
                          "workers": a.eval_workers, "batch_size": a.eval_batch},
@@ -295,7 +296,18 @@ class Bench:
     def step_train_ours(self) -> dict:
         if self.pipeline("q-bf16", "bfloat16", need_server=False, until="export") != 0:
             raise StepFailed("q-bf16 train/export failed")
+        self.keep_profile("q-bf16", trace=True)
         return {st: stage_info(self.store, "q-bf16", st) for st in ("train", "export")}
+
+    def keep_profile(self, run: str, trace: bool) -> None:
+        """--profile-train: the train stage's profile tables (and its trace) into $OUT, which takes 8 files."""
+        prof = self.store / run / "train" / "profile"
+        if not (prof / "summary.json").exists():
+            return
+        parts = [prof / n for n in ("summary.json", "kernels.txt", "host_ops.txt") if (prof / n).exists()]
+        (self.out / f"train_profile_{run}.txt").write_text("\n\n".join(p.read_text() for p in parts))
+        if trace and (prof / "trace.json.gz").exists():
+            shutil.copyfile(prof / "trace.json.gz", self.out / f"train_trace_{run}.json.gz")
 
     def step_train_fp8(self) -> dict:
         """q-fp8 = q-bf16's samples and draft vocab (copied), hidden states stored as fp8, trained alike."""
@@ -303,6 +315,7 @@ class Bench:
             clone_rekeyed(self.store, "q-bf16", "q-fp8", ("generate", "vocab"), self.config("q-fp8", "float8_e4m3fn"))
         if self.pipeline("q-fp8", "float8_e4m3fn", need_server=False, until="export") != 0:
             raise StepFailed("q-fp8 vocab/extract/train/export failed")
+        self.keep_profile("q-fp8", trace=False)
         return {st: stage_info(self.store, "q-fp8", st) for st in ("vocab", "extract", "train", "export")}
 
     def aux_ids(self) -> list[str]:
@@ -620,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-workers", type=int, default=3, help="evaluate: processes decoding prompts in parallel")
     ap.add_argument("--eval-batch", type=int, default=16, help="evaluate: prompts decoded in lockstep per process")
     ap.add_argument("--serve-batch", type=int, default=1024)
+    ap.add_argument("--profile-train", default=None, metavar="A:B",
+                    help="train.profile_steps of our runs; the tables (and bf16's trace) are copied to --out")
     ap.add_argument("--variant", type=parse_variant, action="append", default=[], metavar="NAME:KEY=VALUE,...",
                     help="diagnose: also train with these train settings (e.g. eager:compile=false,attention=sdpa)")
     a = ap.parse_args(argv)

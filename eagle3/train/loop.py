@@ -38,6 +38,7 @@ from eagle3.train import checkpoint as ckpt_io
 from eagle3.train.data import Batch, DataPlan
 from eagle3.train.metrics import MetricsLog
 from eagle3.train.prefetch import AheadOnDevice, Prefetcher
+from eagle3.train.profiling import StepProfiler
 from eagle3.train.schedule import lr_factor
 from eagle3.train.settings import TrainSettings
 
@@ -290,6 +291,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
 
     logged = step
     cuda = env.device.type == "cuda"
+    profiler = StepProfiler(s.profile_steps if job.output is not None else None, env.device, job.scratch / "profile")
     wrapped.train()
     while epoch < total_epochs and step < max_steps:
         limit = math.ceil(frac * per_epoch) if epoch == full_epochs else None
@@ -300,6 +302,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
                 waited = time.perf_counter()
                 b: Batch | None = on_device.take() if limit is None or batch_idx < limit else None
                 window_wait += time.perf_counter() - waited
+                profiler.add_wait(time.perf_counter() - waited)
                 no_batch, stopping = _agree(env, b is None, stop())
                 if stopping:
                     if step > last_ckpt:
@@ -307,6 +310,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
                     raise TrainingInterrupted(f"training stopped on request at step {step}; checkpoint saved, rerun to resume")
                 if no_batch or b is None:
                     break
+                profiler.before_step(step)
                 with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cuda):
                     loss, step_loss, step_acc, step_count = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask, b.doc_ids,
                                                                     counts=b.row_counts)
@@ -322,6 +326,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
                 batch_tokens = int(_reduce(torch.tensor([b.tokens], device=env.device), env).item()) if env.distributed else b.tokens
                 tokens_seen += batch_tokens
                 window_tokens += batch_tokens
+                profiler.after_step(step)
                 if step % s.log_every == 0 or step == max_steps:
                     record(step, loss, step_loss, step_acc, step_count, grad_norm, lr)
                     logged = step
@@ -331,6 +336,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
             else:
                 break  # max_steps reached inside the epoch: the position stays mid-epoch
         epoch, batch_idx = epoch + 1, 0
+    profiler.finish(step)  # the data ran out inside the profiled steps
     if step > logged:  # the data ran out between log_every boundaries: always log the last step
         record(step, loss, step_loss, step_acc, step_count, grad_norm, lr)
     if step > last_ckpt:
@@ -348,6 +354,8 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
         "resumed_from_step": latest,
         **eval_metrics,
     }
+    if profiler.summary is not None:
+        stats["profile"] = {k: v for k, v in profiler.summary.items() if not k.startswith("top_")}
     if env.device.type == "cuda":
         stats["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(env.device) / 2**30, 3)
     if log is not None and log.records:
@@ -356,7 +364,8 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
         stats.update({f"final_{k}": v for k, v in last.items() if k.startswith(("loss_", "acc_"))})
     if log is not None:
         log.close()
-    return {"stats": stats, "state": {k.removeprefix("drafter."): v for k, v in final_sd.items() if k.removeprefix("drafter.") in EXPORT_KEYS}, "log": log}
+    return {"stats": stats, "state": {k.removeprefix("drafter."): v for k, v in final_sd.items() if k.removeprefix("drafter.") in EXPORT_KEYS},
+            "log": log, "profile": profiler.files()}
 
 
 def _adopt_latest(output: StageOutput) -> int | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from eagle3.processes import ProcsPerNode
 
@@ -43,4 +43,17 @@ class TrainSettings(BaseModel):
                            "compiled on CUDA) or sdpa (dense mask); auto = flex on CUDA, sdpa on CPU.")
     copy_ahead: bool = Field(True, description="On CUDA: copy each batch to the GPU one step ahead on a side stream "
                              "(off: on the compute stream when the step takes it).")
+    profile_steps: str | None = Field(None, pattern=r"^\d+:\d+$", description=(
+        "A:B profiles optimizer steps A..B-1 with torch.profiler (rank 0): profile/summary.json (wall and device-busy "
+        "time per step, data waits, GC pauses, top kernels), kernels.txt, host_ops.txt and trace.json.gz in the "
+        "stage output. Pick steps after the first few, which compile."))
     eval_fraction: float = Field(0.02, ge=0, lt=1, description="Share of samples held out for validation metrics.")
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _profile_range(cls, v: str | None) -> str | None:
+        if v is not None:
+            a, b = (int(x) for x in v.split(":"))
+            if a >= b:
+                raise ValueError(f"{v!r}: A must be below B (steps A..B-1 are profiled)")
+        return v

@@ -122,6 +122,15 @@ def run(ctx: StageContext) -> dict[str, Any]:
             out.put_file(f"tensorboard/{p.relative_to(log.tb_dir).as_posix()}", p)
         plot_loss(log.records, final / "loss.png", s.ttt_steps)
         out.put_file("loss.png", final / "loss.png")
+        for p in result["profile"]:
+            out.put_file(f"profile/{p.name}", p)
+        if "profile" in result["stats"]:
+            prof = result["stats"]["profile"]
+            busy = "" if prof["device_busy_ms_per_step"] is None else (
+                f", device busy {prof['device_busy_ms_per_step']} ms ({100 * prof['device_busy_frac']:.0f} %)")
+            print(f"train: profiled steps {prof['steps'][0]}..{prof['steps'][1] - 1}: {prof['wall_ms_per_step']} ms a step{busy}, "
+                  f"waiting for data {prof['data_wait_ms_per_step']} ms, GC {prof['gc_ms_per_step']} ms; "
+                  "tables and trace in the stage output's profile/", file=sys.stderr, flush=True)
     if env.distributed:
         dist.barrier()
         dist.destroy_process_group()

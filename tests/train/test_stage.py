@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -98,6 +99,34 @@ def test_last_step_is_logged_when_the_data_ends_between_log_boundaries(upstream,
     records = parse_metrics(store.get_bytes("t/train/metrics.jsonl").decode())
     assert [r["step"] for r in records] == [stats["steps"]]
     assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
+
+
+def test_profiled_steps_leave_a_summary_tables_and_a_trace_in_the_stage_output(upstream, tmp_path, capfd):
+    cfg = fresh_config(upstream, tmp_path, **{"train.profile_steps": "2:4"})
+    stats = run_stage(cfg, "train")
+    prof = stats["profile"]
+    assert prof["steps"] == [2, 4] and prof["wall_ms_per_step"] > 0 and prof["data_wait_ms_per_step"] >= 0
+    assert prof["device_busy_ms_per_step"] is None  # on the CPU there is no device timeline
+    store = open_store(cfg.store.uri)
+    keys = set(read_manifest(store, "t", "train").manifest.keys("profile/"))
+    assert keys == {"profile/summary.json", "profile/host_ops.txt", "profile/trace.json.gz"}
+    summary = json.loads(store.get_bytes("t/train/profile/summary.json"))
+    assert summary["top_host_ops"] and summary["top_host_ops"][0]["ms_per_step"] > 0
+    trace = json.loads(gzip.decompress(store.get_bytes("t/train/profile/trace.json.gz")))
+    assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
+    assert "train: profiled steps 2..3:" in capfd.readouterr().err
+
+
+def test_profiling_stops_where_the_data_ends(upstream, tmp_path):
+    cfg = fresh_config(upstream, tmp_path, **{"train.max_steps": 10_000, "train.epochs": 1.0, "train.profile_steps": "1:9999"})
+    stats = run_stage(cfg, "train")
+    assert stats["profile"]["steps"] == [1, stats["steps"]]
+
+
+@pytest.mark.parametrize("spec", ["5:5", "9:2", "a:b", "3"])
+def test_a_profile_range_that_is_not_a_to_b_is_rejected_at_config_load(spec):
+    with pytest.raises(Exception, match="profile_steps"):
+        load_config(None, {"train.profile_steps": spec})
 
 
 class StopAtCall(StopFlag):
