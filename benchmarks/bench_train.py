@@ -64,7 +64,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="timed steps per mode (default 10; tiny 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per mode (default 3; tiny 1)")
     p.add_argument("--attention", default="flex,sdpa", help="comma list for the TTT mode: flex, sdpa")
-    p.add_argument("--chunk-rows", type=int, default=4096, help="loss chunk (rows of logits alive at once)")
+    p.add_argument("--chunk-rows", type=int, default=None, help="loss chunk (rows of logits alive at once; "
+                   "default: the train stage's, 2**27 logits)")
     p.add_argument("--gpus", type=int, default=1, help="processes: >1 relaunches itself under torchrun (DDP)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()

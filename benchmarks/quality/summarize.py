@@ -9,10 +9,17 @@ from pathlib import Path
 from typing import Any
 
 
-def steady(records: list[dict[str, Any]], key: str = "tokens_per_s", skip: float = 0.2) -> float | None:
-    """Median of a windowed rate after the first ``skip`` of the windows (start-up, compile)."""
-    vals = [r[key] for r in records if r.get(key)]
-    kept = vals[int(len(vals) * skip):] or vals
+def steady(records: list[dict[str, Any]], key: str = "tokens_per_s", skip: float = 0.2,
+           profiled: list[int] | None = None) -> float | None:
+    """Median of a windowed rate after the first ``skip`` of the windows (start-up, compile); windows
+    holding a ``profiled`` step [A, B) (0-based: train.profile_steps) are left out, as the profiler slows them."""
+    a, b = profiled or (0, 0)
+    windows, prev = [], 0
+    for r in records:
+        windows.append((r.get(key), prev < b and r["step"] > a))
+        prev = r["step"]
+    windows = [w for w in windows if w[0]]
+    kept = [v for v, in_profile in windows[int(len(windows) * skip):] if not in_profile] or [v for v, _ in windows]
     return round(statistics.median(kept), 1) if kept else None
 
 
@@ -70,7 +77,8 @@ def ours(result: dict | None, store_root: Path | None = None) -> dict | None:
                     "shard_bytes": ex.get("shard_bytes"),
                     "bytes_per_token": round(ex["shard_bytes"] / tokens, 1) if tokens and ex.get("shard_bytes") else None},
         "evaluate": (st.get("evaluate") or {}).get("stats"),
-        "train": {"stats": tr.get("stats"), "steady_tokens_per_s": steady(records),
+        "train": {"stats": tr.get("stats"),
+                  "steady_tokens_per_s": steady(records, profiled=((tr.get("stats") or {}).get("profile") or {}).get("steps")),
                   # every logged window: which ones compiling (or anything else) slowed down
                   "window_tokens_per_s": [r.get("tokens_per_s") for r in records],
                   "window_data_wait_frac": [r.get("data_wait_frac") for r in records],

@@ -32,3 +32,10 @@ def test_only_prompts_both_decoded_count():
     theirs = report({1: 1.0, 2: 1.0})
     assert acceptance_ratio_ci(ours, theirs)["ratio"] == 2.0 and acceptance_ratio_ci(ours, theirs)["prompts"] == 2
     assert acceptance_ratio_ci(report({1: 2.0}), theirs) is None  # one shared prompt: no interval
+
+
+def test_steady_rate_leaves_out_the_start_and_the_profiled_windows():
+    records = [{"step": s, "tokens_per_s": r} for s, r in [(5, 10.0), (10, 100.0), (15, 102.0), (20, 30.0), (25, 101.0)]]
+    assert summarize.steady(records) == 100.5  # the first 20 % (compiling) is left out, the median of the rest
+    # steps 15..16 (0-based) were profiled: the window logged at step 20 (steps 15..19) is left out
+    assert summarize.steady(records, profiled=[15, 17]) == 101.0
