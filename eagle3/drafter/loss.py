@@ -37,9 +37,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from eagle3.drafter.compiled import Compiled
 from eagle3.drafter.linear_kl import linear_kl
-from eagle3.drafter.model import Eagle3Drafter, RMSNorm, TTTCache, doc_start_rows
+from eagle3.drafter.model import Eagle3Drafter, TTTCache, doc_start_rows
 
 
 def shift_left(x: Tensor, k: int, fill: float | int = 0) -> Tensor:
@@ -55,26 +54,46 @@ def doc_positions(doc_ids: Tensor) -> Tensor:
     return torch.arange(doc_ids.shape[1], device=doc_ids.device) - doc_start_rows(doc_ids)
 
 
+class TTTInputs:
+    """Every TTT step's inputs of one batch, derived once (a few kernels a batch, not a few a step):
+    step k's tokens and counted rows are views of the batch padded by steps + 1 columns.
+
+    Row t of step k is fed x_{t+1+k} at position t+k and predicts x_{t+2+k}; it counts when that
+    token is loss-masked and, in a packed row (``doc_ids``), of row t's own document."""
+
+    def __init__(self, input_ids: Tensor, loss_mask: Tensor, steps: int, doc_ids: Tensor | None = None,
+                 positions0: bool = True) -> None:
+        b, t = input_ids.shape
+        self.t, self.steps = t, steps
+        self.ids = torch.cat([input_ids, input_ids.new_zeros(b, steps + 1)], 1)  # [B, T+S+1]
+        mask = torch.cat([loss_mask.bool(), loss_mask.new_zeros(b, steps + 1, dtype=torch.bool)], 1)
+        counted = mask.unfold(1, t, 1)[:, 2 : 2 + steps]  # [B, S, T] views: window j is columns j..j+T-1
+        if doc_ids is not None:
+            docs = torch.cat([doc_ids, doc_ids.new_full((b, steps + 1), -1)], 1).unfold(1, t, 1)[:, 2 : 2 + steps]
+            counted = counted & (docs == doc_ids[:, None]) & (doc_ids >= 0)[:, None]
+        self.counted_all = counted.transpose(0, 1).contiguous()  # [S, B, T]: step k's rows are one block
+        self.positions0 = None
+        if positions0:
+            self.positions0 = (torch.arange(t, device=input_ids.device).expand(b, t) if doc_ids is None
+                               else doc_positions(doc_ids))
+
+    def counted(self, step: int) -> Tensor:
+        return self.counted_all[step]
+
+    def step(self, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(tokens [B, T], positions [B, T], counted [B, T] bool) of TTT step ``step``."""
+        assert self.positions0 is not None
+        return self.ids[:, 1 + step : 1 + step + self.t], self.positions0 + step, self.counted_all[step]
+
+
 def counted_rows(loss_mask: Tensor, step: int, doc_ids: Tensor | None = None) -> Tensor:
-    """Bool [B, T]: the rows TTT step ``step`` is taught at — row t predicts x_{t+2+step}, which
-    must be loss-masked and, in a packed row, of row t's own document."""
-    counted = shift_left(loss_mask, 2 + step).bool()
-    if doc_ids is not None:
-        counted = counted & (shift_left(doc_ids, 2 + step, fill=-1) == doc_ids) & (doc_ids >= 0)
-    return counted
+    """Bool [B, T]: the rows TTT step ``step`` is taught at (:class:`TTTInputs`)."""
+    return TTTInputs(loss_mask, loss_mask, step + 1, doc_ids, positions0=False).counted(step)
 
 
-def step_inputs(input_ids: Tensor, loss_mask: Tensor, step: int, doc_ids: Tensor | None = None,
-                positions0: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(tokens [B, T], positions [B, T], counted [B, T] bool) of TTT step ``step``; with
-    ``doc_ids`` (a packed row) positions restart at each document and a row counts only
-    if its target token is of its own document. ``positions0``: step 0's positions, when
-    the caller derived them once for every step."""
-    b, t = input_ids.shape
-    if positions0 is None:
-        positions0 = (torch.arange(t, device=input_ids.device).expand(b, t) if doc_ids is None
-                      else doc_positions(doc_ids))
-    return shift_left(input_ids, 1 + step), positions0 + step, counted_rows(loss_mask, step, doc_ids)
+def step_inputs(input_ids: Tensor, loss_mask: Tensor, step: int, doc_ids: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(tokens [B, T], positions [B, T], counted [B, T] bool) of TTT step ``step`` alone (:class:`TTTInputs`)."""
+    return TTTInputs(input_ids, loss_mask, step + 1, doc_ids).step(step)
 
 
 @dataclass
@@ -103,7 +122,8 @@ def teacher_needed(loss_mask: Tensor) -> Tensor:
 def row_counts(loss_mask: Tensor, doc_ids: Tensor | None, steps: int) -> list[int]:
     """[teacher positions, counted rows of step 0, ..., of step steps-1] of one batch: computed
     where the batch is made (host memory), so the GPU's forward never stops to count them."""
-    return [int(teacher_needed(loss_mask).sum())] + [int(counted_rows(loss_mask, k, doc_ids).sum()) for k in range(steps)]
+    counted = TTTInputs(loss_mask, loss_mask, steps, doc_ids, positions0=False).counted_all
+    return [int(teacher_needed(loss_mask).sum())] + counted.sum(dim=(1, 2)).tolist()
 
 
 def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor, count: int | None = None) -> tuple[Tensor, Tensor]:
@@ -124,35 +144,27 @@ def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor
     return logits, row_of
 
 
-def select_normed(norm: RMSNorm, hidden: Tensor, idx: Tensor) -> Tensor:
-    """The draft head's input at the given flat rows of hidden [B, T, H]: → norm(rows) [R, H]."""
-    return norm(hidden.flatten(0, 1).index_select(0, idx))
-
-
-# One fused gather + norm (and one backward) instead of ~20 small kernels per TTT step.
-_compiled_select_normed = Compiled(select_normed, "draft norm of the counted rows", dynamic=True)
-
-
 def step_kl(
-    drafter: Eagle3Drafter, teacher: Tensor, row_of: Tensor, hidden: Tensor, counted: Tensor, step: int, chunk_rows: int | None,
+    drafter: Eagle3Drafter, teacher: Tensor, row_of: Tensor, normed: Tensor, counted: Tensor, step: int, chunk_rows: int | None,
     compiled: bool = False, count: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Sum of KL, hits and count over the counted rows of TTT step ``step``.
 
-    hidden [B, T, H] drafter output; teacher/row_of from :func:`teacher_logits`. Row t's
-    teacher is position t+1+step of the same sample (counted rows never run off the end).
-    ``count``: how many rows are counted, when already known (:func:`row_counts`).
+    normed [B, T, H]: the draft head's input, norm(drafter output); teacher/row_of from
+    :func:`teacher_logits`. Row t's teacher is position t+1+step of the same sample (counted
+    rows never run off the end). ``count``: how many rows are counted, when already known
+    (:func:`row_counts`).
     """
     idx = rows_where(counted.flatten(), count)  # [R]
     if idx.numel() == 0:
         # Zero, but through every weight: a batch with nothing counted still backpropagates
         # to all parameters, which DDP needs to finish its gradient reduction.
-        zero = 0.0 * drafter.logits(hidden[:1, :1]).float().sum()
-        return zero, torch.zeros((), dtype=torch.long, device=hidden.device), torch.zeros((), dtype=torch.long, device=hidden.device)
-    x = (_compiled_select_normed if compiled else select_normed)(drafter.norm, hidden, idx)  # [R, H]
+        zero = 0.0 * drafter.lm_head(normed[:1, :1]).float().sum()
+        return zero, torch.zeros((), dtype=torch.long, device=normed.device), torch.zeros((), dtype=torch.long, device=normed.device)
+    x = normed.flatten(0, 1).index_select(0, idx)  # [R, H]
     t = teacher.index_select(0, row_of.index_select(0, idx + 1 + step))  # [R, N]
     kl, hits = linear_kl(x, drafter.lm_head.weight, t, chunk_rows, compiled)
-    return kl, hits, torch.full((), idx.numel(), dtype=torch.long, device=hidden.device)  # no host-to-device copy
+    return kl, hits, torch.full((), idx.numel(), dtype=torch.long, device=normed.device)  # no host-to-device copy
 
 
 def chain_sums(hits: Tensor, counted: Tensor, preds: Tensor) -> Tensor:
@@ -224,24 +236,25 @@ def ttt_loss(
     cache = TTTCache(attention, doc_ids)
     teacher, row_of = teacher_logits(teacher_head, final_hidden, loss_mask, None if counts is None else counts[0])
     hidden = drafter.project_aux(aux_hidden)  # [B, T, H]
-    losses, accs, rows = [], [], []
-    total = hidden.new_zeros((), dtype=torch.float32)
+    inputs = TTTInputs(input_ids, loss_mask, steps, doc_ids)
+    kls, hits, rows = [], [], []
     counter = ChainCounter() if chain else None
-    positions0 = None if doc_ids is None else doc_positions(doc_ids)  # once a batch, not once a step
     for k in range(steps):
-        tokens, positions, counted = step_inputs(input_ids, loss_mask, k, doc_ids, positions0)
-        hidden = drafter.step_hidden(tokens, hidden, positions, cache)  # [B, T, H]
+        tokens, positions, counted = inputs.step(k)
+        hidden, normed = drafter.step_hidden_normed(tokens, hidden, positions, cache)  # [B, T, H] each
         if counter is not None:
             counter.step(drafter, teacher, row_of, hidden, counted, k)
-        kl, hits, n = step_kl(drafter, teacher, row_of, hidden, counted, k, chunk_rows, compiled,
-                              None if counts is None else counts[1 + k])
-        denom = n.clamp_min(1)
-        loss_k = kl / denom
-        total = total + decay**k * loss_k
-        losses.append(loss_k.detach())
-        accs.append(hits.float() / denom)
+        kl, h, n = step_kl(drafter, teacher, row_of, normed, counted, k, chunk_rows, compiled,
+                           None if counts is None else counts[1 + k])
+        kls.append(kl)
+        hits.append(h)
         rows.append(n)
-    return TTTResult(total, torch.stack(losses), torch.stack(accs), torch.stack(rows),
+    # The steps' losses weighed and summed in a few kernels, not a few per step.
+    step_count = torch.stack(rows)
+    denom = step_count.clamp_min(1)
+    step_loss = torch.stack(kls) / denom
+    weights = torch.logspace(0, steps - 1, steps, base=decay, device=step_loss.device, dtype=step_loss.dtype)  # decay**k
+    return TTTResult((step_loss * weights).sum(), step_loss.detach(), torch.stack(hits).float() / denom, step_count,
                      None if counter is None else counter.sums())
 
 

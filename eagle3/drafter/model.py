@@ -256,22 +256,26 @@ class Eagle3DecoderLayer(nn.Module):
         cos, sin = rope_cos_sin(position_ids, self.head_dim, self.rope_theta)
         return self.self_attn.qkv(x, cos, sin)
 
-    def after_attention(self, hidden: Tensor, attn: Tensor) -> Tensor:
-        """hidden [B, T, H], attn [B, h, T, D] → pre-norm output [B, T, H]."""
+    def after_attention(self, hidden: Tensor, attn: Tensor, out_norm: RMSNorm | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """hidden [B, T, H], attn [B, h, T, D] → pre-norm output [B, T, H]; with ``out_norm`` (the
+        drafter's final norm) also out_norm(output), the draft head's input, in the same kernels."""
         residual = hidden + self.self_attn.out(attn)
-        return residual + self.mlp(self.post_attention_layernorm(residual))
+        out = residual + self.mlp(self.post_attention_layernorm(residual))
+        return out if out_norm is None else (out, out_norm(out))
 
-    def forward(self, embeds: Tensor, hidden: Tensor, position_ids: Tensor, cache: KVCache | TTTCache) -> Tensor:
-        """embeds, hidden [B, T, H] → pre-norm output [B, T, H]."""
+    def forward(self, embeds: Tensor, hidden: Tensor, position_ids: Tensor, cache: KVCache | TTTCache,
+                out_norm: RMSNorm | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """embeds, hidden [B, T, H] → pre-norm output [B, T, H] (and its ``out_norm``, when given)."""
         q, k, v = self._before(embeds, hidden, position_ids)
-        return self._after(hidden, cache.attend(q, k, v))
+        return self._after(hidden, cache.attend(q, k, v), out_norm)
 
     def compile(self, **kwargs: Any) -> None:  # type: ignore[override]
-        """Compile both halves (dynamic sequence lengths); attention and its cache stay as they are."""
+        """Compile both halves; attention and its cache stay as they are. Shapes are static until a
+        second one is seen (packed rows: one shape, the leanest code), dynamic after."""
         from eagle3.drafter.compiled import Compiled
 
-        self._before = Compiled(self.before_attention, "drafter layer (before attention)", dynamic=True, **kwargs)
-        self._after = Compiled(self.after_attention, "drafter layer (after attention)", dynamic=True, **kwargs)
+        self._before = Compiled(self.before_attention, "drafter layer (before attention)", **kwargs)
+        self._after = Compiled(self.after_attention, "drafter layer (after attention)", **kwargs)
 
     @contextmanager
     def eager(self) -> Iterator[None]:
@@ -303,6 +307,12 @@ class Eagle3Drafter(nn.Module):
         """One drafter step without the head: → pre-norm hidden [B, T, H] (fed back next step)."""
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
         return self.midlayer(embeds, hidden, position_ids, cache)
+
+    def step_hidden_normed(self, input_ids: Tensor, hidden: Tensor, position_ids: Tensor,
+                           cache: KVCache | TTTCache) -> tuple[Tensor, Tensor]:
+        """:meth:`step_hidden` and the draft head's input norm(hidden) [B, T, H], from the same kernels."""
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)
+        return self.midlayer(embeds, hidden, position_ids, cache, self.norm)
 
     def logits(self, hidden_out: Tensor) -> Tensor:
         """Pre-norm hidden [.., H] → draft logits [.., draft_vocab]."""
