@@ -22,6 +22,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 _compiled = None
 _broken: str | None = None
+_host_lists_broken: str | None = None
 
 
 def _flex():
@@ -57,34 +58,93 @@ def _lists(visible: Tensor) -> tuple[Tensor, Tensor]:
     return count[:, None], order[:, None]
 
 
+LIST_NAMES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+              "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
+def doc_block_lists(doc_ids: Tensor, steps: int) -> list[dict[str, Tensor]]:
+    """The TTT block lists of packed rows doc_ids [B, T] (T a multiple of 128, each document
+    contiguous), for steps 0..steps-1: step k's mask is step 0's — causal within a document —
+    plus the diagonal of each of the k later blocks.
+
+    Step 0's lists (which key blocks each query block sees, partly or wholly, and the
+    transposes the backward pass walks) are derived once; each later step appends its
+    diagonal blocks. Every tensor is contiguous int32: the training loop builds them on the
+    CPU where the batch is made (:func:`pack_block_lists`), so the GPU's forward launches none
+    of these small kernels."""
+    from eagle3.drafter.model import doc_start_rows
+
+    t = doc_ids.shape[1]
+    nb, dev, b = t // BLOCK, doc_ids.device, doc_ids.shape[0]
+    first_kv = doc_start_rows(doc_ids)[:, ::BLOCK] // BLOCK  # [B, Qb]: the earliest block any row of this query block sees
+    qb = torch.arange(nb, device=dev)
+    j, i = qb[None, None, :], qb[None, :, None]
+    seen = (j <= i) & (j >= first_kv[:, :, None])  # [B, Qb, KVb]
+    # Wholly visible: below the diagonal, and the key block's first row shares a document with
+    # the query block's last row (documents are contiguous, so every row in between does too).
+    full = seen & (j < i) & (doc_ids[:, None, ::BLOCK] == doc_ids[:, BLOCK - 1 :: BLOCK, None])
+    partial = seen & ~full
+    (count, kv_idx), (full_count, full_idx) = _lists(partial), _lists(full)
+    (q_count, q_idx), (full_q_count, full_q_idx) = _lists(partial.transpose(1, 2)), _lists(full.transpose(1, 2))
+    out = [dict(zip(LIST_NAMES, (count, kv_idx, full_count, full_idx, q_count, q_idx, full_q_count, full_q_idx)))]
+    for k in range(1, steps):
+        # Key lists: step 0's, then block s·nb + i for s = 1..k (partial: row t sees row t).
+        pad = kv_idx.new_zeros(b, 1, nb, k * nb)
+        s = torch.arange(1, k + 1, device=dev, dtype=torch.int32)
+        kv_k = torch.cat([kv_idx, pad], -1).scatter(
+            -1, (count[..., None] + s - 1).long(), (s * nb + qb[:, None]).to(torch.int32).expand(b, 1, nb, k))
+        # Query lists of the diagonal blocks: block s·nb + i is seen by query block i alone.
+        diag_q = torch.zeros(b, 1, k * nb, nb, dtype=torch.int32, device=dev)
+        diag_q[..., 0] = qb.to(torch.int32).repeat(k)
+        out.append(dict(zip(LIST_NAMES, (
+            count + k, kv_k, full_count, torch.cat([full_idx, pad], -1),
+            torch.cat([q_count, q_count.new_ones(b, 1, k * nb)], -1), torch.cat([q_idx, diag_q], -2),
+            torch.cat([full_q_count, full_q_count.new_zeros(b, 1, k * nb)], -1), torch.cat([full_q_idx, torch.zeros_like(diag_q)], -2),
+        ))))
+    return out
+
+
+BlockLayout = list[list[tuple[int, tuple[int, ...]]]]  # per step, per list (in LIST_NAMES order): (offset, shape)
+
+
+def pack_block_lists(lists: list[dict[str, Tensor]], pin: bool = False) -> tuple[Tensor, BlockLayout]:
+    """Every step's lists in one flat int32 tensor (one copy to the GPU) and where each lies in it."""
+    parts, layout, at = [], [], 0
+    for step in lists:
+        row = []
+        for name in LIST_NAMES:
+            x = step[name].to(torch.int32).contiguous()
+            parts.append(x.view(-1))
+            row.append((at, tuple(x.shape)))
+            at += x.numel()
+        layout.append(row)
+    flat = torch.cat(parts)
+    return (flat.pin_memory() if pin else flat), layout
+
+
+def unpack_block_lists(flat: Tensor, layout: BlockLayout) -> list[dict[str, Tensor]]:
+    """:func:`pack_block_lists` undone on the flat tensor's device: contiguous views, no kernels."""
+    out = []
+    for row in layout:
+        views = []
+        for at, shape in row:
+            n = 1
+            for d in shape:
+                n *= d
+            views.append(flat[at : at + n].view(shape))
+        out.append(dict(zip(LIST_NAMES, views)))
+    return out
+
+
 class DocBlockMasks:
-    """The TTT block masks of one batch of packed rows, doc_ids [B, T] (T a multiple of 128,
-    each document contiguous): step k's mask is step 0's — causal within a document — plus
-    the diagonal of each of the k later blocks.
+    """The TTT block masks of one batch of packed rows doc_ids [B, T], one per step, from
+    :func:`doc_block_lists` (derived here on first use, or handed over made on the host)."""
 
-    Step 0's block lists (which key blocks each query block sees, partly or wholly, and the
-    transposes the backward pass walks) are derived once per batch; each later step appends
-    its diagonal blocks to them with a few tensor ops, instead of rebuilding and transposing
-    every list per step (about 6× fewer kernel launches per batch)."""
-
-    def __init__(self, doc_ids: Tensor) -> None:
-        from eagle3.drafter.model import doc_start_rows
-
-        t = doc_ids.shape[1]
-        self.t, self.nb = t, t // BLOCK
-        dev = doc_ids.device
-        first_kv = doc_start_rows(doc_ids)[:, ::BLOCK] // BLOCK  # [B, Qb]: the earliest block any row of this query block sees
-        qb = torch.arange(self.nb, device=dev)
-        j, i = qb[None, None, :], qb[None, :, None]
-        seen = (j <= i) & (j >= first_kv[:, :, None])  # [B, Qb, KVb]
-        # Wholly visible: below the diagonal, and the key block's first row shares a document with
-        # the query block's last row (documents are contiguous, so every row in between does too).
-        full = seen & (j < i) & (doc_ids[:, None, ::BLOCK] == doc_ids[:, BLOCK - 1 :: BLOCK, None])
-        partial = seen & ~full
-        self.kv, self.full_kv = _lists(partial), _lists(full)
-        self.q, self.full_q = _lists(partial.transpose(1, 2)), _lists(full.transpose(1, 2))
-        self.qb = qb
-        docs = doc_ids
+    def __init__(self, doc_ids: Tensor, lists: list[dict[str, Tensor]] | None = None, steps: int = 1) -> None:
+        self.t = doc_ids.shape[1]
+        self.doc_ids, self.lists, self.steps = doc_ids, lists, steps
+        self.host_made = lists is not None
+        docs, t = doc_ids, self.t
 
         def mask_mod(bi, h, q_idx, kv_idx):
             block, col = kv_idx // t, kv_idx % t
@@ -92,45 +152,40 @@ class DocBlockMasks:
 
         self.mask_mod = mask_mod
 
+    def drop_host_lists(self) -> None:
+        self.lists, self.host_made = None, False
+
     def for_step(self, step: int) -> BlockMask:
-        nb, k = self.nb, step
-        (count, kv_idx), (full_count, full_idx) = self.kv, self.full_kv
-        (q_count, q_idx), (full_q_count, full_q_idx) = self.q, self.full_q
-        b = count.shape[0]
-        if k:
-            # Key lists: step 0's, then block s·nb + i for s = 1..k (partial: row t sees row t).
-            pad = kv_idx.new_zeros(b, 1, nb, k * nb)
-            kv_idx = torch.cat([kv_idx, pad], -1)
-            s = torch.arange(1, k + 1, device=count.device, dtype=torch.int32)
-            kv_idx = kv_idx.scatter(-1, (count[..., None] + s - 1).long(), (s * nb + self.qb[:, None]).to(torch.int32).expand(b, 1, nb, k))
-            count = count + k
-            full_idx = torch.cat([full_idx, pad], -1)
-            # Query lists of the diagonal blocks: block s·nb + i is seen by query block i alone.
-            diag_q = torch.zeros(b, 1, k * nb, nb, dtype=torch.int32, device=count.device)
-            diag_q[..., 0] = self.qb.to(torch.int32).repeat(k)
-            q_idx = torch.cat([q_idx, diag_q], -2)
-            q_count = torch.cat([q_count, q_count.new_ones(b, 1, k * nb)], -1)
-            full_q_idx = torch.cat([full_q_idx, torch.zeros_like(diag_q)], -2)
-            full_q_count = torch.cat([full_q_count, full_q_count.new_zeros(b, 1, k * nb)], -1)
-        return BlockMask(
-            seq_lengths=(self.t, (k + 1) * self.t), kv_num_blocks=count, kv_indices=kv_idx,
-            full_kv_num_blocks=full_count, full_kv_indices=full_idx, q_num_blocks=q_count, q_indices=q_idx,
-            full_q_num_blocks=full_q_count, full_q_indices=full_q_idx, BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=self.mask_mod,
-        )
+        if self.lists is None or step >= len(self.lists):
+            self.lists = doc_block_lists(self.doc_ids, max(step + 1, self.steps))
+        lists = self.lists[step]
+        return BlockMask(seq_lengths=(self.t, (step + 1) * self.t), BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=self.mask_mod,
+                         **{name: lists[name] for name in LIST_NAMES})
 
 
 def ttt_flex_attention(q: Tensor, keys: Tensor, values: Tensor, step: int, doc_masks: DocBlockMasks | None = None) -> Tensor | None:
     """q [B, h, T, D], keys/values [B, kv, (step+1)T, D] → [B, h, T, D]; None when flex is unusable
     here. ``doc_masks``: the batch's packed-row masks (None: one sample per row)."""
-    global _broken
+    global _broken, _host_lists_broken
     if _broken is not None:
         return None
+    if doc_masks is not None and doc_masks.host_made and _host_lists_broken is not None:
+        doc_masks.drop_host_lists()
     try:
         mask = ttt_block_mask(q.shape[2], step, str(q.device)) if doc_masks is None else doc_masks.for_step(step)
         return _flex()(q, keys, values, block_mask=mask, enable_gqa=q.shape[1] != keys.shape[1])
     except Exception as e:  # noqa: BLE001 (compile/backend failures vary by version and device)
         if q.device.type != "cuda":
             raise
-        _broken = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if doc_masks is not None and doc_masks.host_made:
+            # Lists made with the batch are views of one tensor; should a compiler refuse them,
+            # derive them here instead (more kernels a step) before giving up on flex.
+            _host_lists_broken = why
+            print(f"flex attention refused the block lists made with the batch ({why}); they are derived on the GPU",
+                  file=sys.stderr)
+            doc_masks.drop_host_lists()
+            return ttt_flex_attention(q, keys, values, step, doc_masks)
+        _broken = why
         print(f"flex attention unavailable ({_broken}); TTT attention falls back to SDPA", file=sys.stderr)
         return None

@@ -32,6 +32,7 @@ high teacher-forced accuracy on repetitive text, near-zero chained accuracy).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -226,14 +227,16 @@ def ttt_loss(
     chain: bool = False,
     doc_ids: Tensor | None = None,
     counts: list[int] | None = None,
+    block_lists: tuple[Tensor, Any] | None = None,
 ) -> TTTResult:
     """input_ids [B, T], aux_hidden [B, T, 3Ht], final_hidden [B, T, Ht], loss_mask [B, T];
     teacher_head [N, Ht] = the target lm_head rows of the draft vocab; doc_ids [B, T] for
     packed rows (None: one sample per row); counts: :func:`row_counts` of the batch, when
-    the caller has them (no host synchronisation per step)."""
+    the caller has them (no host synchronisation per step); block_lists: the packed rows'
+    flex block lists made with the batch (:func:`eagle3.drafter.flex.pack_block_lists`)."""
     if counts is not None and len(counts) < steps + 1:
         raise ValueError(f"row counts for {len(counts) - 1} TTT steps, {steps} needed")
-    cache = TTTCache(attention, doc_ids)
+    cache = TTTCache(attention, doc_ids, steps, block_lists)
     teacher, row_of = teacher_logits(teacher_head, final_hidden, loss_mask, None if counts is None else counts[0])
     hidden = drafter.project_aux(aux_hidden)  # [B, T, H]
     inputs = TTTInputs(input_ids, loss_mask, steps, doc_ids)
@@ -287,12 +290,13 @@ class TTTObjective(nn.Module):
             self.compiled, self.attention = saved
 
     def forward(self, input_ids: Tensor, aux_hidden: Tensor, final_hidden: Tensor, loss_mask: Tensor,
-                doc_ids: Tensor | None = None, chain: bool = False, counts: list[int] | None = None) -> tuple[Tensor, ...]:
+                doc_ids: Tensor | None = None, chain: bool = False, counts: list[int] | None = None,
+                block_lists: tuple[Tensor, Any] | None = None) -> tuple[Tensor, ...]:
         """→ (loss, step_loss, step_acc, step_count), and the [4, S] chain counts with ``chain``."""
         assert self.teacher_head is not None, "set TTTObjective.teacher_head first"
         r = ttt_loss(
             self.drafter, self.teacher_head, input_ids, aux_hidden, final_hidden, loss_mask,
-            self.steps, self.decay, self.chunk_rows, self.attention, self.compiled, chain, doc_ids, counts,
+            self.steps, self.decay, self.chunk_rows, self.attention, self.compiled, chain, doc_ids, counts, block_lists,
         )
         if r.chain is not None:
             return r.loss, r.step_loss, r.step_acc, r.step_count, r.chain

@@ -164,15 +164,18 @@ class TTTCache:
 
     ``backend``: "sdpa" (dense bool mask over all blocks; CPU and fallback) or "flex"
     (flex attention with a block-sparse mask that skips the empty off-diagonal blocks).
-    ``doc_ids`` [B, T]: packed rows, where a row attends only to its own document.
+    ``doc_ids`` [B, T]: packed rows, where a row attends only to its own document; their flex
+    block lists for ``steps`` steps are derived here once, or come made with the batch on the
+    host (``block_lists``: :func:`eagle3.drafter.flex.pack_block_lists`, on doc_ids' device).
     """
 
-    def __init__(self, backend: str = "sdpa", doc_ids: Tensor | None = None) -> None:
+    def __init__(self, backend: str = "sdpa", doc_ids: Tensor | None = None, steps: int = 1,
+                 block_lists: tuple[Tensor, Any] | None = None) -> None:
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.backend = backend
-        self.doc_ids = doc_ids
-        self._doc_masks = None  # flex's block masks of the packed rows, derived once per batch
+        self.doc_ids, self.steps, self.block_lists = doc_ids, steps, block_lists
+        self._doc_masks = None  # flex's block masks of the packed rows, one per step
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         self.k.append(k)
@@ -182,11 +185,12 @@ class TTTCache:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         keys, values = torch.cat(self.k, dim=2), torch.cat(self.v, dim=2)  # [B, kv, (step+1)T, D]
         if self.backend == "flex":
-            from eagle3.drafter.flex import BLOCK, DocBlockMasks, ttt_flex_attention
+            from eagle3.drafter.flex import BLOCK, DocBlockMasks, ttt_flex_attention, unpack_block_lists
 
             if docs is None or t % BLOCK == 0:  # packed rows of whole blocks only
                 if docs is not None and self._doc_masks is None:
-                    self._doc_masks = DocBlockMasks(docs)
+                    lists = None if self.block_lists is None else unpack_block_lists(*self.block_lists)
+                    self._doc_masks = DocBlockMasks(docs, lists, self.steps)
                 out = ttt_flex_attention(q, keys, values, step, self._doc_masks)
                 if out is not None:
                     return out

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from eagle3.errors import StageError
-from eagle3.extract.shards import HiddenShard
+from eagle3.extract.shards import HiddenShard, dequantize_fp8
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,16 @@ class Batch:
     tokens: int  # real (unpadded) tokens
     doc_ids: Tensor | None = None  # int32 [B, T], packed rows: which sample each token is of (-1: padding)
     row_counts: list[int] | None = None  # eagle3.drafter.loss.row_counts, counted where the batch is made
+    # Packed rows on flex attention: every TTT step's block lists, made where the batch is made
+    # (eagle3.drafter.flex.pack_block_lists: one flat int32 tensor and where each list lies in it).
+    block_lists: Tensor | None = None
+    block_layout: Any = None
+    # fp8 shards collated with raw_fp8: aux/final hidden stay float8 (half the bytes to copy) with
+    # their per-token scales [B, T, G], dequantized where the batch is used (:meth:`dequantized`).
+    aux_scale: Tensor | None = None
+    final_scale: Tensor | None = None
 
-    _TENSORS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "doc_ids")
+    _TENSORS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden", "doc_ids", "block_lists", "aux_scale", "final_scale")
 
     def tensors(self) -> tuple[Tensor, ...]:
         return tuple(t for name in self._TENSORS if (t := getattr(self, name)) is not None)
@@ -127,6 +135,18 @@ class Batch:
         nb = device.type == "cuda"
         moved = {name: t.to(device, non_blocking=nb) for name in self._TENSORS if (t := getattr(self, name)) is not None}
         return replace(self, **moved)
+
+    def dequantized(self, dtype: torch.dtype) -> Batch:
+        """Hidden states in ``dtype`` (a batch of raw fp8 states and scales is dequantized here, on its device)."""
+        if self.aux_scale is None or self.final_scale is None:
+            return self
+
+        def deq(q: Tensor, scale: Tensor) -> Tensor:
+            b, t, d = q.shape
+            return dequantize_fp8(q.view(b * t, d), scale.view(b * t, -1)).to(dtype).view(b, t, d)
+
+        return replace(self, aux_hidden=deq(self.aux_hidden, self.aux_scale), final_hidden=deq(self.final_hidden, self.final_scale),
+                       aux_scale=None, final_scale=None)
 
 
 def _spans(shard: HiddenShard, samples: list[int], max_seq_len: int) -> list[slice]:
@@ -137,46 +157,78 @@ def _spans(shard: HiddenShard, samples: list[int], max_seq_len: int) -> list[sli
     return spans
 
 
-def _put(shard: HiddenShard, sp: slice, dtype: torch.dtype, ids: Tensor, mask: Tensor, aux: Tensor, final: Tensor) -> None:
-    """Copy one sample's tokens (shard rows ``sp``) into the given [n]-long views, dequantized."""
+def _put(shard: HiddenShard, sp: slice, dtype: torch.dtype, ids: Tensor, mask: Tensor, aux: Tensor, final: Tensor,
+         scales: tuple[Tensor, Tensor] | None = None) -> None:
+    """Copy one sample's tokens (shard rows ``sp``) into the given [n]-long views, dequantized
+    (with ``scales``, views of the batch's scales: raw fp8 states and their scales)."""
+    ids.copy_(shard.input_ids[sp].long())
+    mask.copy_(shard.loss_mask[sp])
+    if scales is not None:
+        aux.copy_(shard.aux_hidden[sp])
+        final.copy_(shard.final_hidden[sp])
+        scales[0].copy_(shard.aux_scale[sp])
+        scales[1].copy_(shard.final_scale[sp])
+        return
     part = HiddenShard(
         shard.input_ids[sp], shard.loss_mask[sp], shard.offsets, shard.sample_ids, shard.aux_hidden[sp], shard.final_hidden[sp],
         None if shard.aux_scale is None else shard.aux_scale[sp], None if shard.final_scale is None else shard.final_scale[sp],
     )
-    ids.copy_(part.input_ids.long())
-    mask.copy_(part.loss_mask)
     aux.copy_(part.aux_hidden_float(dtype))
     final.copy_(part.final_hidden_float(dtype))
 
 
-def _empty(b: int, t: int, h: int, dtype: torch.dtype, pin: bool, zero: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    new = torch.zeros if zero else torch.empty
-    return (new(b, t, dtype=torch.int64, pin_memory=pin), new(b, t, dtype=torch.uint8, pin_memory=pin),
-            new(b, t, 3 * h, dtype=dtype, pin_memory=pin), new(b, t, h, dtype=dtype, pin_memory=pin))
+class _Buffers:
+    """A batch's host tensors [B, T, ...]: ids, loss mask, aux and final hidden states in ``dtype``
+    — or, with ``raw_fp8`` and an fp8 shard, the shard's float8 states and their scales."""
+
+    def __init__(self, shard: HiddenShard, b: int, t: int, dtype: torch.dtype, pin: bool, zero: bool, raw_fp8: bool) -> None:
+        new = torch.zeros if zero else torch.empty
+        h = shard.final_hidden.shape[1]
+        self.raw = raw_fp8 and shard.aux_scale is not None and shard.final_scale is not None
+        hd = shard.aux_hidden.dtype if self.raw else dtype
+        self.ids, self.mask = new(b, t, dtype=torch.int64, pin_memory=pin), new(b, t, dtype=torch.uint8, pin_memory=pin)
+        self.aux, self.final = new(b, t, 3 * h, dtype=hd, pin_memory=pin), new(b, t, h, dtype=hd, pin_memory=pin)
+        self.scales = ((new(b, t, shard.aux_scale.shape[1], dtype=torch.float32, pin_memory=pin),
+                        new(b, t, shard.final_scale.shape[1], dtype=torch.float32, pin_memory=pin)) if self.raw else None)
+
+    def put(self, shard: HiddenShard, sp: slice, dtype: torch.dtype, r: int, at: int) -> None:
+        n = sp.stop - sp.start
+        window = slice(at, at + n)
+        scales = None if self.scales is None else (self.scales[0][r, window], self.scales[1][r, window])
+        _put(shard, sp, dtype, self.ids[r, window], self.mask[r, window], self.aux[r, window], self.final[r, window], scales)
+
+    def zero_tail(self, r: int, at: int) -> None:
+        for x in (self.ids, self.mask, self.aux, self.final, *(self.scales or ())):
+            x[r, at:] = 0
+
+    def batch(self, tokens: int, doc_ids: Tensor | None = None) -> Batch:
+        aux_scale, final_scale = self.scales or (None, None)
+        return Batch(self.ids, self.mask, self.aux, self.final, tokens, doc_ids, aux_scale=aux_scale, final_scale=final_scale)
 
 
-def collate(shard: HiddenShard, samples: list[int], max_seq_len: int, dtype: torch.dtype, pad_to: int = 1, pin: bool = False) -> Batch:
+def collate(shard: HiddenShard, samples: list[int], max_seq_len: int, dtype: torch.dtype, pad_to: int = 1, pin: bool = False,
+            raw_fp8: bool = False) -> Batch:
     """Right-pad the chosen samples of a shard (cut to max_seq_len) into one batch
-    (in page-locked memory when ``pin``, for asynchronous copies to the GPU)."""
+    (in page-locked memory when ``pin``, for asynchronous copies to the GPU; ``raw_fp8``:
+    an fp8 shard's states stay fp8, see :meth:`Batch.dequantized`)."""
     spans = _spans(shard, samples, max_seq_len)
     t = max(sp.stop - sp.start for sp in spans)
     t = -(-t // pad_to) * pad_to
-    ids, mask, aux, final = _empty(len(spans), t, shard.final_hidden.shape[1], dtype, pin)
+    buf = _Buffers(shard, len(spans), t, dtype, pin, True, raw_fp8)
     for r, sp in enumerate(spans):
-        n = sp.stop - sp.start
-        _put(shard, sp, dtype, ids[r, :n], mask[r, :n], aux[r, :n], final[r, :n])
-    return Batch(ids, mask, aux, final, sum(sp.stop - sp.start for sp in spans))
+        buf.put(shard, sp, dtype, r, 0)
+    return buf.batch(sum(sp.stop - sp.start for sp in spans))
 
 
 def collate_packed(shard: HiddenShard, rows: list[list[int]], max_seq_len: int, row_tokens: int, num_rows: int,
-                   dtype: torch.dtype, pin: bool = False) -> Batch:
+                   dtype: torch.dtype, pin: bool = False, raw_fp8: bool = False) -> Batch:
     """[num_rows, row_tokens]: row r holds the samples ``rows[r]`` (each cut to max_seq_len) one
     after another, with each token's document id (its sample's place in the row; -1 on the
     padded tail, and on whole rows past ``len(rows)``, which keep the batch's shape)."""
     if len(rows) > num_rows:
         raise ValueError(f"{len(rows)} packed rows exceed the batch's {num_rows}")
     # Every token but the tails is written below: only the tails are zeroed (84 MB a batch at the race's shape).
-    ids, mask, aux, final = _empty(num_rows, row_tokens, shard.final_hidden.shape[1], dtype, pin, zero=False)
+    buf = _Buffers(shard, num_rows, row_tokens, dtype, pin, False, raw_fp8)
     docs = torch.full((num_rows, row_tokens), -1, dtype=torch.int32, pin_memory=pin)
     total = 0
     for r in range(num_rows):
@@ -185,13 +237,12 @@ def collate_packed(shard: HiddenShard, rows: list[list[int]], max_seq_len: int, 
             n = sp.stop - sp.start
             if at + n > row_tokens:
                 raise ValueError(f"packed row of more than {row_tokens} tokens")
-            _put(shard, sp, dtype, ids[r, at : at + n], mask[r, at : at + n], aux[r, at : at + n], final[r, at : at + n])
+            buf.put(shard, sp, dtype, r, at)
             docs[r, at : at + n] = d
             at += n
-        for x in (ids, mask, aux, final):
-            x[r, at:] = 0
+        buf.zero_tail(r, at)
         total += at
-    return Batch(ids, mask, aux, final, total, docs)
+    return buf.batch(total, docs)
 
 
 @dataclass
@@ -239,7 +290,7 @@ class DataPlan:
 
     def iterate(
         self, open_shard: Callable[[str], HiddenShard], epoch: int, dtype: torch.dtype, skip: int = 0, train: bool = True,
-        pad_to: int = 1, pin: bool = False,
+        pad_to: int = 1, pin: bool = False, raw_fp8: bool = False,
     ) -> Iterator[Batch]:
         """This rank's batches of one epoch, skipping the first ``skip`` (resume).
 
@@ -263,8 +314,8 @@ class DataPlan:
                     continue
                 for b in plans:
                     if seen >= skip:
-                        yield (collate_packed(shard, b, cap, row_tokens, self.rows_per_batch, dtype, pin) if packed
-                               else collate(shard, b, cap, dtype, pad_to, pin))
+                        yield (collate_packed(shard, b, cap, row_tokens, self.rows_per_batch, dtype, pin, raw_fp8) if packed
+                               else collate(shard, b, cap, dtype, pad_to, pin, raw_fp8))
                     seen += 1
                 del shard
         finally:

@@ -42,9 +42,9 @@ def objective(compiled: bool, attention: str = "flex") -> TTTObjective:
     return obj
 
 
-def loss_and_grads(obj: TTTObjective, data) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def loss_and_grads(obj: TTTObjective, data, **kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss, *_ = obj(*data)
+        loss, *_ = obj(*data, **kwargs)
     loss.backward()
     return loss.detach().float(), {n: p.grad.float() for n, p in obj.named_parameters() if p.grad is not None}
 
@@ -71,9 +71,12 @@ def packed_docs(bounds: list[int]) -> torch.Tensor:
 
 def test_packed_rows_compiled_flex_matches_dense_sdpa(capfd):
     """A packed row (document-masked TTT attention): the compiled flex kernel with the block lists
-    built from document boundaries against SDPA with the dense mask; a second row with other
-    documents reuses the compiled graphs (one shape, one compile)."""
+    built from document boundaries — on the CPU, as the training loop's prefetch thread makes
+    them, packed into one tensor and copied over — against SDPA with the dense mask; a second row
+    with other documents reuses the compiled graphs (one shape, one compile)."""
     import torch._dynamo.utils as dynamo_utils
+
+    from eagle3.drafter.flex import doc_block_lists, pack_block_lists
 
     rows = ([0, 100, 300, 520, 700, 768], [0, 128, 129, 640, 768])
     compiled = objective(True, "flex")
@@ -83,7 +86,8 @@ def test_packed_rows_compiled_flex_matches_dense_sdpa(capfd):
         if i == 1:
             before = dynamo_utils.counters["stats"]["unique_graphs"]
         compiled.zero_grad(set_to_none=True)
-        loss, grads = loss_and_grads(compiled, data)
+        flat, layout = pack_block_lists(doc_block_lists(data[-1].cpu(), compiled.steps), pin=True)
+        loss, grads = loss_and_grads(compiled, data, block_lists=(flat.to(CUDA, non_blocking=True), layout))
         torch.testing.assert_close(loss, ref_loss, rtol=2e-2, atol=2e-2)
         for name, g in grads.items():
             cos = torch.nn.functional.cosine_similarity(g.flatten(), ref_grads[name].flatten(), dim=0)

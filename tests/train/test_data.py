@@ -3,7 +3,7 @@ import time
 
 import torch
 
-from eagle3.extract.shards import HiddenShard
+from eagle3.extract.shards import HiddenShard, quantize_fp8
 from eagle3.train.data import DataPlan, ShardRef, collate, collate_packed, is_eval_sample, plan_batches, plan_packs
 from eagle3.train.schedule import lr_factor
 
@@ -126,3 +126,25 @@ def test_malformed_index_is_one_clear_error():
     with pytest.raises(StageError, match="no shards"):
         shard_refs({"shards": []})
     assert shard_refs({"shards": [{"name": "a", "num_samples": 2, "num_tokens": 9}]})[0].num_tokens == 9
+
+
+def fp8_shard(lengths: list[int], h: int = 4) -> HiddenShard:
+    s = fake_shard(lengths, h=h)
+    aux, aux_scale = quantize_fp8(s.aux_hidden, groups=3)
+    final, final_scale = quantize_fp8(s.final_hidden)
+    return HiddenShard(s.input_ids, s.loss_mask, s.offsets, s.sample_ids, aux, final, aux_scale, final_scale)
+
+
+def test_fp8_batches_travel_raw_and_dequantize_where_used_to_the_host_dequantized_batch():
+    """raw_fp8 (the train loop on CUDA): the batch keeps the shard's float8 states and scales (half
+    the bytes to copy to the GPU); dequantized there, it equals the batch dequantized on the host."""
+    s = fp8_shard([3, 6, 4])
+    for make in (lambda raw: collate_packed(s, [[1, 0], [2]], 5, 10, 3, torch.bfloat16, raw_fp8=raw),
+                 lambda raw: collate(s, [0, 2], 5, torch.bfloat16, pad_to=4, raw_fp8=raw)):
+        host, raw = make(False), make(True)
+        assert raw.aux_hidden.dtype == torch.float8_e4m3fn and raw.aux_scale.shape == (*raw.aux_hidden.shape[:2], 3)
+        assert host.aux_scale is None and host.dequantized(torch.bfloat16) is host
+        used = raw.to(torch.device("cpu")).dequantized(torch.bfloat16)
+        assert used.aux_scale is None and used.aux_hidden.dtype == torch.bfloat16
+        assert torch.equal(used.aux_hidden, host.aux_hidden) and torch.equal(used.final_hidden, host.final_hidden)
+        assert torch.equal(used.input_ids, host.input_ids) and torch.equal(used.loss_mask, host.loss_mask)
