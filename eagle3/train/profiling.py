@@ -53,8 +53,11 @@ def device_busy(events: Any) -> tuple[float, int]:
     return busy, n
 
 
-def _top(averages: Any, key: str, n: int, steps: int) -> list[dict[str, Any]]:
-    rows = sorted(averages, key=lambda e: getattr(e, key), reverse=True)[:n]
+def _top(averages: Any, key: str, n: int, steps: int, device: bool = False) -> list[dict[str, Any]]:
+    """The top ``n`` by ``key``; ``device``: device events alone (kernels, copies), not the host
+    operators that launched them, which carry the same device time."""
+    rows = [e for e in averages if not device or getattr(e, "device_type", None) in _DEVICE_TYPES]
+    rows = sorted(rows, key=lambda e: getattr(e, key), reverse=True)[:n]
     return [{"name": e.key[:120], "ms_per_step": round(getattr(e, key) / 1000 / steps, 3), "calls_per_step": round(e.count / steps, 1)}
             for e in rows if getattr(e, key) > 0]
 
@@ -131,7 +134,7 @@ class StepProfiler:
             "device_events_per_step": round(device_events / steps, 1) if cuda else None,
             "data_wait_ms_per_step": round(1000 * self._wait / steps, 2),
             "gc_ms_per_step": round(self._gc_ms / steps, 2),
-            "top_kernels": _top(averages, "self_device_time_total", 15, steps) if cuda else [],
+            "top_kernels": _top(averages, "self_device_time_total", 15, steps, device=True) if cuda else [],
             "top_host_ops": _top(averages, "self_cpu_time_total", 15, steps),
         }
         self.out_dir.mkdir(parents=True, exist_ok=True)
