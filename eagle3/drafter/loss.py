@@ -32,9 +32,9 @@ high teacher-forced accuracy on repetitive text, near-zero chained accuracy).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -62,11 +62,11 @@ class TTTInputs:
     Row t of step k is fed x_{t+1+k} at position t+k and predicts x_{t+2+k}; it counts when that
     token is loss-masked and, in a packed row (``doc_ids``), of row t's own document."""
 
-    def __init__(self, input_ids: Tensor, loss_mask: Tensor, steps: int, doc_ids: Tensor | None = None,
-                 positions0: bool = True) -> None:
-        b, t = input_ids.shape
+    def __init__(self, input_ids: Tensor | None, loss_mask: Tensor, steps: int, doc_ids: Tensor | None = None) -> None:
+        """``input_ids`` None: the counted rows alone (:func:`row_counts`)."""
+        b, t = loss_mask.shape
         self.t, self.steps = t, steps
-        self.ids = torch.cat([input_ids, input_ids.new_zeros(b, steps + 1)], 1)  # [B, T+S+1]
+        self.ids = None if input_ids is None else torch.cat([input_ids, input_ids.new_zeros(b, steps + 1)], 1)  # [B, T+S+1]
         mask = torch.cat([loss_mask.bool(), loss_mask.new_zeros(b, steps + 1, dtype=torch.bool)], 1)
         counted = mask.unfold(1, t, 1)[:, 2 : 2 + steps]  # [B, S, T] views: window j is columns j..j+T-1
         if doc_ids is not None:
@@ -74,7 +74,7 @@ class TTTInputs:
             counted = counted & (docs == doc_ids[:, None]) & (doc_ids >= 0)[:, None]
         self.counted_all = counted.transpose(0, 1).contiguous()  # [S, B, T]: step k's rows are one block
         self.positions0 = None
-        if positions0:
+        if input_ids is not None:
             self.positions0 = (torch.arange(t, device=input_ids.device).expand(b, t) if doc_ids is None
                                else doc_positions(doc_ids))
 
@@ -83,13 +83,13 @@ class TTTInputs:
 
     def step(self, step: int) -> tuple[Tensor, Tensor, Tensor]:
         """(tokens [B, T], positions [B, T], counted [B, T] bool) of TTT step ``step``."""
-        assert self.positions0 is not None
+        assert self.ids is not None and self.positions0 is not None, "TTTInputs made without input_ids"
         return self.ids[:, 1 + step : 1 + step + self.t], self.positions0 + step, self.counted_all[step]
 
 
 def counted_rows(loss_mask: Tensor, step: int, doc_ids: Tensor | None = None) -> Tensor:
     """Bool [B, T]: the rows TTT step ``step`` is taught at (:class:`TTTInputs`)."""
-    return TTTInputs(loss_mask, loss_mask, step + 1, doc_ids, positions0=False).counted(step)
+    return TTTInputs(None, loss_mask, step + 1, doc_ids).counted(step)
 
 
 def step_inputs(input_ids: Tensor, loss_mask: Tensor, step: int, doc_ids: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -123,7 +123,7 @@ def teacher_needed(loss_mask: Tensor) -> Tensor:
 def row_counts(loss_mask: Tensor, doc_ids: Tensor | None, steps: int) -> list[int]:
     """[teacher positions, counted rows of step 0, ..., of step steps-1] of one batch: computed
     where the batch is made (host memory), so the GPU's forward never stops to count them."""
-    counted = TTTInputs(loss_mask, loss_mask, steps, doc_ids, positions0=False).counted_all
+    counted = TTTInputs(None, loss_mask, steps, doc_ids).counted_all
     return [int(teacher_needed(loss_mask).sum())] + counted.sum(dim=(1, 2)).tolist()
 
 

@@ -1,7 +1,8 @@
 """Batches made ahead of time, so the accelerator never waits for them.
 
-Reading a shard (from the store), cutting and padding samples and dequantising fp8
-hidden states all run on the CPU; done inline they leave the GPU idle between steps.
+Reading a shard (from the store), cutting and packing samples, counting each TTT step's
+rows and making the packed rows' attention block lists run on the CPU (fp8 states stay
+fp8 until they are on the GPU); done inline they leave the GPU idle between steps.
 :class:`Prefetcher` runs the batch iterator on a thread ``depth`` batches ahead, in the
 same order (resume and determinism are unchanged). A failure in the producer is raised
 in the consumer at the batch where it happened.
