@@ -7,6 +7,8 @@
 #   bash benchmarks/quality/device_call.sh quality BUDGET_S [STEPS [FLAGS]] # issue 8 steps (resumable in /tmp/e3q);
 #        FLAGS go to run_quality.py. speculators' inductor cache comes back as $OUT/spec_inductor.tgz.part-*;
 #        put those files in .inductor/ and carry [".whl", ".inductor"] to start the next machine warm.
+#        --profile-train A:B adds up to 3 files (train profiles, bf16's trace): $OUT returns 8 files at most,
+#        so profile only with the inductor cache carried (its pieces are then not sent back).
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
 # Missing Python packages travel as wheels in .whl/ (made here by fetch_wheels.sh; carry: [".whl"]) and go to /tmp/site.
 set -o pipefail
