@@ -296,7 +296,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
 
     logged = step
     cuda = env.device.type == "cuda"
-    profiler = StepProfiler(s.profile_steps if job.output is not None else None, env.device, job.scratch / "profile")
+    profiler = StepProfiler(s.profile_range if job.output is not None else None, env.device, job.scratch / "profile")
     wrapped.train()
     while epoch < total_epochs and step < max_steps:
         limit = math.ceil(frac * per_epoch) if epoch == full_epochs else None
@@ -308,8 +308,9 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
             while step < max_steps:
                 waited = time.perf_counter()
                 b: Batch | None = on_device.take() if limit is None or batch_idx < limit else None
-                window_wait += time.perf_counter() - waited
-                profiler.add_wait(time.perf_counter() - waited)
+                waited = time.perf_counter() - waited
+                window_wait += waited
+                profiler.add_wait(waited)
                 no_batch, stopping = _agree(env, b is None, stop())
                 if stopping:
                     if step > last_ckpt:

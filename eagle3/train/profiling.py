@@ -27,20 +27,7 @@ from typing import Any
 import torch
 from torch.autograd import DeviceType
 
-from eagle3.errors import ConfigError
-
 _DEVICE_TYPES = (DeviceType.CUDA, DeviceType.PrivateUse1)
-
-
-def parse_steps(spec: str) -> tuple[int, int]:
-    """ "A:B" → (A, B), 0 <= A < B."""
-    try:
-        a, b = (int(x) for x in spec.split(":"))
-    except ValueError:
-        raise ConfigError(f"train.profile_steps={spec!r}: expected A:B, e.g. 20:25") from None
-    if not 0 <= a < b:
-        raise ConfigError(f"train.profile_steps={spec!r}: need 0 <= A < B")
-    return a, b
 
 
 def device_busy(events: Any) -> tuple[float, int]:
@@ -65,14 +52,16 @@ def _top(averages: Any, key: str, n: int, steps: int, device: bool = False) -> l
 class StepProfiler:
     """Call :meth:`before_step` with the 0-based index of the step about to run and
     :meth:`after_step` with the number of steps done; :meth:`add_wait` adds time the loop
-    waited for a batch. Inactive (every call a no-op) without a spec."""
+    waited for a batch. Steps [A, B) are profiled — from the first step run inside them, when
+    a resumed run starts there. Inactive (every call a no-op) without a range."""
 
-    def __init__(self, spec: str | None, device: torch.device, out_dir: Path) -> None:
-        self.range = parse_steps(spec) if spec else None
+    def __init__(self, steps: tuple[int, int] | None, device: torch.device, out_dir: Path) -> None:
+        self.range = steps
         self.device, self.out_dir = device, out_dir
         self.summary: dict[str, Any] | None = None
         self._prof: Any = None
         self._t0 = 0.0
+        self._start = 0
         self._wait = 0.0
         self._gc_ms = 0.0
         self._gc_start = 0.0
@@ -92,7 +81,7 @@ class StepProfiler:
             self._gc_ms += 1000 * (time.perf_counter() - self._gc_start)
 
     def before_step(self, step: int) -> None:
-        if self.range is None or self.summary is not None or self._prof is not None or step != self.range[0]:
+        if self.range is None or self.summary is not None or self._prof is not None or not self.range[0] <= step < self.range[1]:
             return
         from torch.profiler import ProfilerActivity, profile
 
@@ -101,7 +90,7 @@ class StepProfiler:
         self._prof = profile(activities=acts)
         self._prof.__enter__()
         gc.callbacks.append(self._gc_callback)
-        self._wait, self._gc_ms = 0.0, 0.0
+        self._wait, self._gc_ms, self._start = 0.0, 0.0, step
         self._t0 = time.perf_counter()
 
     def add_wait(self, seconds: float) -> None:
@@ -122,12 +111,12 @@ class StepProfiler:
         prof, self._prof = self._prof, None
         prof.__exit__(None, None, None)
         gc.callbacks.remove(self._gc_callback)
-        steps = max(1, steps_done - self.range[0])
+        steps = max(1, steps_done - self._start)
         busy_us, device_events = device_busy(prof.events())
         averages = prof.key_averages()
         cuda = self.device.type == "cuda"
         self.summary = {
-            "steps": [self.range[0], self.range[0] + steps],
+            "steps": [self._start, self._start + steps],
             "wall_ms_per_step": round(1000 * wall / steps, 2),
             "device_busy_ms_per_step": round(busy_us / 1000 / steps, 2) if cuda else None,
             "device_busy_frac": round(busy_us / 1e6 / wall, 3) if cuda else None,

@@ -57,3 +57,11 @@ class TrainSettings(BaseModel):
             if a >= b:
                 raise ValueError(f"{v!r}: A must be below B (steps A..B-1 are profiled)")
         return v
+
+    @property
+    def profile_range(self) -> tuple[int, int] | None:
+        """profile_steps "A:B" as (A, B), validated above."""
+        if self.profile_steps is None:
+            return None
+        a, b = (int(x) for x in self.profile_steps.split(":"))
+        return a, b

@@ -38,3 +38,17 @@ def test_top_kernels_list_device_events_and_host_ops_list_host_time():
     assert [k["name"] for k in kernels] == ["nvjet_gemm", "triton_red_fused_softmax"]
     assert kernels[0] == {"name": "nvjet_gemm", "ms_per_step": 0.45, "calls_per_step": 1.0}
     assert [k["name"] for k in _top(EVENTS, "self_cpu_time_total", 5, steps=1)] == ["aten::mm"]
+
+
+def test_a_run_resumed_inside_the_range_profiles_from_its_first_step(tmp_path):
+    import torch
+
+    from eagle3.train.profiling import StepProfiler
+
+    prof = StepProfiler((2, 5), torch.device("cpu"), tmp_path / "profile")
+    for step in range(3, 7):  # resumed from a checkpoint at step 3
+        prof.before_step(step)
+        (torch.randn(64, 64) @ torch.randn(64, 64)).sum()
+        prof.after_step(step + 1)
+    assert prof.summary is not None and prof.summary["steps"] == [3, 5]
+    assert (tmp_path / "profile" / "summary.json").exists()
