@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle3.drafter.flex import BLOCK, doc_block_lists, pack_block_lists  # noqa: E402
+from eagle3.drafter.flex import pack_block_lists  # noqa: E402
 from eagle3.drafter.loss import TTTObjective, row_counts  # noqa: E402
 from eagle3.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
 
@@ -123,10 +123,9 @@ def measure(cfg: DrafterConfig, a: argparse.Namespace, ttt: int, attention: str,
     docs = packed_doc_ids(b, t, g).to(device) if packed else None
     # As the train stage: the rows each step counts are known from the host copy (no sync per step).
     counts = row_counts(mask.cpu(), None if docs is None else docs.cpu(), ttt)
-    lists = None  # and, for packed rows on flex, every step's block lists are made on the host with the batch
-    if docs is not None and attention == "flex" and t % BLOCK == 0:
-        flat, layout = pack_block_lists(doc_block_lists(docs.cpu(), ttt), pin=cuda)
-        lists = (flat.to(device), layout)
+    # and, for packed rows on flex, every step's block lists are made on the host with the batch
+    packed_lists = pack_block_lists(docs.cpu(), ttt, pin=cuda) if docs is not None and attention == "flex" else None
+    lists = None if packed_lists is None else (packed_lists[0].to(device), packed_lists[1])
 
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):

@@ -13,6 +13,7 @@ and every later call takes the SDPA path (same math, more memory).
 
 from __future__ import annotations
 
+import math
 import sys
 from functools import lru_cache
 
@@ -107,10 +108,14 @@ def doc_block_lists(doc_ids: Tensor, steps: int) -> list[dict[str, Tensor]]:
 BlockLayout = list[list[tuple[int, tuple[int, ...]]]]  # per step, per list (in LIST_NAMES order): (offset, shape)
 
 
-def pack_block_lists(lists: list[dict[str, Tensor]], pin: bool = False) -> tuple[Tensor, BlockLayout]:
-    """Every step's lists in one flat int32 tensor (one copy to the GPU) and where each lies in it."""
+def pack_block_lists(doc_ids: Tensor, steps: int, pin: bool = False) -> tuple[Tensor, BlockLayout] | None:
+    """:func:`doc_block_lists` of packed rows doc_ids [B, T] for ``steps`` steps, every list in one
+    flat int32 tensor (one copy to the GPU; page-locked with ``pin``), and where each lies in it.
+    None when T is not whole 128-token blocks (flex is not used for such rows)."""
+    if doc_ids.shape[1] % BLOCK:
+        return None
     parts, layout, at = [], [], 0
-    for step in lists:
+    for step in doc_block_lists(doc_ids, steps):
         row = []
         for name in LIST_NAMES:
             x = step[name].to(torch.int32).contiguous()
@@ -124,16 +129,7 @@ def pack_block_lists(lists: list[dict[str, Tensor]], pin: bool = False) -> tuple
 
 def unpack_block_lists(flat: Tensor, layout: BlockLayout) -> list[dict[str, Tensor]]:
     """:func:`pack_block_lists` undone on the flat tensor's device: contiguous views, no kernels."""
-    out = []
-    for row in layout:
-        views = []
-        for at, shape in row:
-            n = 1
-            for d in shape:
-                n *= d
-            views.append(flat[at : at + n].view(shape))
-        out.append(dict(zip(LIST_NAMES, views)))
-    return out
+    return [dict(zip(LIST_NAMES, (flat[at : at + math.prod(shape)].view(shape) for at, shape in row))) for row in layout]
 
 
 class DocBlockMasks:

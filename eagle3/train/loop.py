@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from eagle3.drafter.adapter import EXPORT_KEYS
-from eagle3.drafter.flex import BLOCK, doc_block_lists, pack_block_lists
+from eagle3.drafter.flex import pack_block_lists
 from eagle3.drafter.loss import TTTObjective, chain_rates, row_counts
 from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3.errors import StageError
@@ -186,8 +186,9 @@ def _prepared(batches: Iterator[Batch], steps: int, flex: bool, pin: bool) -> It
     packed rows on flex attention, every step's block lists."""
     for b in batches:
         b.row_counts = row_counts(b.loss_mask, b.doc_ids, steps)
-        if flex and b.doc_ids is not None and b.doc_ids.shape[1] % BLOCK == 0:
-            b.block_lists, b.block_layout = pack_block_lists(doc_block_lists(b.doc_ids, steps), pin)
+        packed = pack_block_lists(b.doc_ids, steps, pin) if flex and b.doc_ids is not None else None
+        if packed is not None:
+            b.block_lists, b.block_layout = packed
         yield b
 
 

@@ -76,7 +76,7 @@ def test_packed_rows_compiled_flex_matches_dense_sdpa(capfd):
     with other documents reuses the compiled graphs (one shape, one compile)."""
     import torch._dynamo.utils as dynamo_utils
 
-    from eagle3.drafter.flex import doc_block_lists, pack_block_lists
+    from eagle3.drafter.flex import pack_block_lists
 
     rows = ([0, 100, 300, 520, 700, 768], [0, 128, 129, 640, 768])
     compiled = objective(True, "flex")
@@ -86,7 +86,7 @@ def test_packed_rows_compiled_flex_matches_dense_sdpa(capfd):
         if i == 1:
             before = dynamo_utils.counters["stats"]["unique_graphs"]
         compiled.zero_grad(set_to_none=True)
-        flat, layout = pack_block_lists(doc_block_lists(data[-1].cpu(), compiled.steps), pin=True)
+        flat, layout = pack_block_lists(data[-1].cpu(), compiled.steps, pin=True)
         loss, grads = loss_and_grads(compiled, data, block_lists=(flat.to(CUDA, non_blocking=True), layout))
         torch.testing.assert_close(loss, ref_loss, rtol=2e-2, atol=2e-2)
         for name, g in grads.items():

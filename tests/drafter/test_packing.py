@@ -139,10 +139,11 @@ def test_row_counts_counted_on_the_host_select_the_same_rows(packed):
 def test_block_lists_made_on_the_host_and_packed_into_one_tensor_are_the_same_lists():
     """The training loop makes every step's block lists on the prefetch thread and copies them in
     one tensor; unpacked they are contiguous views equal to the lists derived from the batch."""
-    from eagle3.drafter.flex import LIST_NAMES, DocBlockMasks, doc_block_lists, pack_block_lists, unpack_block_lists
+    from eagle3.drafter.flex import LIST_NAMES, DocBlockMasks, pack_block_lists, unpack_block_lists
 
     docs = torch.cat([doc_ids_of([0, 70, 200, 330, 379, 384]), doc_ids_of([0, 300, 384])])
-    flat, layout = pack_block_lists(doc_block_lists(docs, 4))
+    flat, layout = pack_block_lists(docs, 4)
+    assert pack_block_lists(docs[:, :300], 4) is None  # not whole 128-token blocks: flex is not used
     assert flat.dtype == torch.int32 and flat.dim() == 1
     unpacked = unpack_block_lists(flat, layout)
     derived = DocBlockMasks(docs, steps=4)
