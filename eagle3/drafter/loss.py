@@ -12,10 +12,10 @@ counts when the token it predicts, x_{t+2+k}, is loss-masked (an assistant token
 rows whose targets fall off the end are masked. In a packed row (``doc_ids``, several
 samples one after another) positions count from each sample's start, attention stays
 inside the sample, and a row counts only when its target is of the same sample. The
-teacher is the target's lm_head
-restricted to the draft vocab, applied to the stored final hidden state once per batch
-(every step is taught by the same set of positions); the draft head and the KL run
-fused, chunk by chunk (:mod:`eagle3.drafter.linear_kl`), only over counted rows.
+teacher is the target's lm_head restricted to the draft vocab, applied to the stored final
+hidden state once per batch (every step is taught by the same set of positions); the
+draft head and the KL run fused, chunk by chunk (:mod:`eagle3.drafter.linear_kl`), only
+over counted rows.
 
 Loss of step k: forward KL(p_teacher || q_draft) averaged over counted rows; total
 loss = sum_k decay**k · loss_k. Accuracy of step k: argmax q == argmax p.
@@ -195,10 +195,11 @@ class ChainCounter:
         self.preds: list[Tensor] = []
 
     @torch.no_grad()
-    def step(self, drafter: Eagle3Drafter, teacher: Tensor, row_of: Tensor, hidden: Tensor, counted: Tensor, k: int) -> None:
+    def step(self, drafter: Eagle3Drafter, teacher: Tensor, row_of: Tensor, normed: Tensor, counted: Tensor, k: int) -> None:
+        """normed [B, T, H]: the draft head's input at TTT step k (norm of the drafter's output)."""
         flat = counted.flatten()
         idx = flat.nonzero().squeeze(-1)
-        pred = drafter.logits(hidden.flatten(0, 1).index_select(0, idx)).argmax(-1)
+        pred = drafter.lm_head(normed.flatten(0, 1).index_select(0, idx)).argmax(-1)
         gold = teacher.index_select(0, row_of.index_select(0, idx + 1 + k)).argmax(-1)
         preds = torch.full(flat.shape, -1, dtype=torch.long, device=flat.device)
         preds[idx] = pred
@@ -246,7 +247,7 @@ def ttt_loss(
         tokens, positions, counted = inputs.step(k)
         hidden, normed = drafter.step_hidden_normed(tokens, hidden, positions, cache)  # [B, T, H] each
         if counter is not None:
-            counter.step(drafter, teacher, row_of, hidden, counted, k)
+            counter.step(drafter, teacher, row_of, normed, counted, k)
         kl, h, n = step_kl(drafter, teacher, row_of, normed, counted, k, chunk_rows, compiled,
                            None if counts is None else counts[1 + k])
         kls.append(kl)

@@ -157,26 +157,6 @@ def _spans(shard: HiddenShard, samples: list[int], max_seq_len: int) -> list[sli
     return spans
 
 
-def _put(shard: HiddenShard, sp: slice, dtype: torch.dtype, ids: Tensor, mask: Tensor, aux: Tensor, final: Tensor,
-         scales: tuple[Tensor, Tensor] | None = None) -> None:
-    """Copy one sample's tokens (shard rows ``sp``) into the given [n]-long views, dequantized
-    (with ``scales``, views of the batch's scales: raw fp8 states and their scales)."""
-    ids.copy_(shard.input_ids[sp].long())
-    mask.copy_(shard.loss_mask[sp])
-    if scales is not None:
-        aux.copy_(shard.aux_hidden[sp])
-        final.copy_(shard.final_hidden[sp])
-        scales[0].copy_(shard.aux_scale[sp])
-        scales[1].copy_(shard.final_scale[sp])
-        return
-    part = HiddenShard(
-        shard.input_ids[sp], shard.loss_mask[sp], shard.offsets, shard.sample_ids, shard.aux_hidden[sp], shard.final_hidden[sp],
-        None if shard.aux_scale is None else shard.aux_scale[sp], None if shard.final_scale is None else shard.final_scale[sp],
-    )
-    aux.copy_(part.aux_hidden_float(dtype))
-    final.copy_(part.final_hidden_float(dtype))
-
-
 class _Buffers:
     """A batch's host tensors [B, T, ...]: ids, loss mask, aux and final hidden states in ``dtype``
     — or, with ``raw_fp8`` and an fp8 shard, the shard's float8 states and their scales."""
@@ -184,18 +164,31 @@ class _Buffers:
     def __init__(self, shard: HiddenShard, b: int, t: int, dtype: torch.dtype, pin: bool, zero: bool, raw_fp8: bool) -> None:
         new = torch.zeros if zero else torch.empty
         h = shard.final_hidden.shape[1]
-        self.raw = raw_fp8 and shard.aux_scale is not None and shard.final_scale is not None
-        hd = shard.aux_hidden.dtype if self.raw else dtype
+        raw = raw_fp8 and shard.aux_scale is not None and shard.final_scale is not None
+        hd = shard.aux_hidden.dtype if raw else dtype
         self.ids, self.mask = new(b, t, dtype=torch.int64, pin_memory=pin), new(b, t, dtype=torch.uint8, pin_memory=pin)
         self.aux, self.final = new(b, t, 3 * h, dtype=hd, pin_memory=pin), new(b, t, h, dtype=hd, pin_memory=pin)
         self.scales = ((new(b, t, shard.aux_scale.shape[1], dtype=torch.float32, pin_memory=pin),
-                        new(b, t, shard.final_scale.shape[1], dtype=torch.float32, pin_memory=pin)) if self.raw else None)
+                        new(b, t, shard.final_scale.shape[1], dtype=torch.float32, pin_memory=pin)) if raw else None)
 
     def put(self, shard: HiddenShard, sp: slice, dtype: torch.dtype, r: int, at: int) -> None:
-        n = sp.stop - sp.start
-        window = slice(at, at + n)
-        scales = None if self.scales is None else (self.scales[0][r, window], self.scales[1][r, window])
-        _put(shard, sp, dtype, self.ids[r, window], self.mask[r, window], self.aux[r, window], self.final[r, window], scales)
+        """Copy one sample's tokens (shard rows ``sp``) into row ``r`` from column ``at``: raw fp8
+        states and their scales, or the states in ``dtype`` (dequantized when the shard is fp8)."""
+        w = slice(at, at + sp.stop - sp.start)
+        self.ids[r, w].copy_(shard.input_ids[sp].long())
+        self.mask[r, w].copy_(shard.loss_mask[sp])
+        if self.scales is not None:
+            self.aux[r, w].copy_(shard.aux_hidden[sp])
+            self.final[r, w].copy_(shard.final_hidden[sp])
+            self.scales[0][r, w].copy_(shard.aux_scale[sp])
+            self.scales[1][r, w].copy_(shard.final_scale[sp])
+            return
+        part = HiddenShard(
+            shard.input_ids[sp], shard.loss_mask[sp], shard.offsets, shard.sample_ids, shard.aux_hidden[sp], shard.final_hidden[sp],
+            None if shard.aux_scale is None else shard.aux_scale[sp], None if shard.final_scale is None else shard.final_scale[sp],
+        )
+        self.aux[r, w].copy_(part.aux_hidden_float(dtype))
+        self.final[r, w].copy_(part.final_hidden_float(dtype))
 
     def zero_tail(self, r: int, at: int) -> None:
         for x in (self.ids, self.mask, self.aux, self.final, *(self.scales or ())):
