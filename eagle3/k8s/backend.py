@@ -160,7 +160,8 @@ class KubernetesBackend(Backend):
     def _stage_selector(self, stage: str) -> str:
         return f"{self.selector},eagle3.io/stage={stage}"
 
-    def submit(self, stage: str, endpoint: str | None = None) -> StageHandle:
+    def submit(self, stage: str, endpoint: str | None = None, input_key: str | None = None,
+               force: bool = False) -> StageHandle:
         self._prepare()
         objs = stage_objects(self.objects, stage)
         job = next((o for o in objs if o["kind"] in ("Job", "JobSet")), None)

@@ -11,8 +11,17 @@ Changes since the first version (additive only; implementations need not change)
   ``KubernetesBackend(cfg, state)``, ``state`` being the run's ``RunState``
   (``.eagle3/runs/<run_id>/state.json``); ``logs`` and ``down`` are called on a fresh instance
   from another shell, so they must work from what the state file and the cluster hold.
-- ``--force STAGE`` never reaches ``submit``: the scheduler uncommits the stage in the store
-  (deletes its manifest and attempt marker) before submitting it, so every backend gets it.
+- ``--force STAGE`` reaches ``submit`` as ``force=True``: the stage command gets ``--force``, so
+  it starts a fresh attempt beside the committed output (which stays until the new attempt
+  commits) on every backend.
+- ``submit`` gets the stage's ``input_key`` (the one the scheduler checked the manifest with),
+  so a backend can label what it starts with it; ``attach(stage, input_key)`` (not abstract,
+  default None) lets a backend hand back an attempt of that key it finds still running or
+  finished (a Kubernetes Job submitted by an earlier, detached or killed CLI): the scheduler
+  follows it instead of submitting a new one.
+- ``detach_on_interrupt`` (default False): on Ctrl-C / SIGTERM the scheduler calls
+  ``detach(handle)`` instead of ``cancel(handle)`` for running stages, leaving them running
+  for a later run to attach to (the Kubernetes backend, unless told to cancel).
 """
 
 from __future__ import annotations
@@ -61,9 +70,20 @@ class Backend(ABC):
     def stop_serve(self) -> None:
         """Stop the server and return only once its GPUs are free (pods gone / process exited)."""
 
+    detach_on_interrupt: bool = False
+
     @abstractmethod
-    def submit(self, stage: str, endpoint: str | None = None) -> StageHandle:
-        """Start ``eagle3 stage <stage>`` for this run."""
+    def submit(self, stage: str, endpoint: str | None = None, input_key: str | None = None,
+               force: bool = False) -> StageHandle:
+        """Start ``eagle3 stage <stage>`` for this run (``--force`` when ``force``)."""
+
+    def attach(self, stage: str, input_key: str) -> StageHandle | None:
+        """An attempt of this stage with this input key that is still running (or has just
+        finished) somewhere, started by an earlier CLI; None when there is none."""
+        return None
+
+    def detach(self, handle: StageHandle) -> None:
+        """Stop following a running stage without stopping it (only with ``detach_on_interrupt``)."""
 
     @abstractmethod
     def poll(self, handle: StageHandle) -> StageOutcome | None:

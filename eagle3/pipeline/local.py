@@ -107,10 +107,12 @@ class LocalBackend(Backend):
             write_resolved_config(self.cfg, self.config_path)
             self._config_written = True
 
-    def stage_command(self, stage: str, endpoint: str | None = None) -> list[str]:
+    def stage_command(self, stage: str, endpoint: str | None = None, force: bool = False) -> list[str]:
         args = ["-m", "eagle3", "stage", stage, "-c", str(self.config_path)]
         if endpoint:
             args += ["--endpoint", endpoint]
+        if force:
+            args += ["--force"]
         nproc = self._procs(stage) if stage in ("extract", "train") else 1
         if nproc > 1:
             # eagle3-torchrun: torchrun that keeps the stage's exit code (2 = bad input), not its 1
@@ -122,12 +124,13 @@ class LocalBackend(Backend):
         settings = getattr(self.cfg, stage)
         return processes_per_node(settings.nproc_per_node, settings.device, self.gpu_count)
 
-    def submit(self, stage: str, endpoint: str | None = None) -> StageHandle:
+    def submit(self, stage: str, endpoint: str | None = None, input_key: str | None = None,
+               force: bool = False) -> StageHandle:
         log = self.logs_dir / f"{stage}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         rotate_log(log)
         self._ensure_config()
-        cmd = self.stage_command(stage, endpoint)
+        cmd = self.stage_command(stage, endpoint, force)
         with open(log, "wb") as f:
             f.write(f"$ {' '.join(cmd)}\n".encode())
             f.flush()

@@ -26,13 +26,13 @@ from typing import Callable
 from eagle3.config import PipelineConfig
 from eagle3.context import stage_input_key, upstream_digests
 from eagle3.errors import ConfigError, Eagle3Error
-from eagle3.manifest import ATTEMPT, MANIFEST, stage_prefix, verify_stage
+from eagle3.manifest import verify_stage
 from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.pipeline.runstate import RunState
 from eagle3.stages import ORDER, STAGES
 from eagle3.store import ObjectStore
 
-TERMINAL = ("skipped", "done", "failed", "blocked", "excluded", "stopped")
+TERMINAL = ("skipped", "done", "failed", "blocked", "excluded", "stopped", "detached")
 FINISHED_OK = ("skipped", "done")
 
 
@@ -161,6 +161,7 @@ class Scheduler:
         self._serve_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._progress_saved: dict[str, float] = {}
+        self.keys: dict[str, str] = {}  # stage -> the input key it was checked (and is submitted) with
 
     # -- bookkeeping -----------------------------------------------------------------
 
@@ -226,6 +227,7 @@ class Scheduler:
         spec = STAGES[name]
         upstream = upstream_digests(self.cfg, spec, self.store)
         key = stage_input_key(self.cfg, spec, upstream)
+        self.keys[name] = key
         v = verify_stage(self.store, self.cfg.run_id, name, input_key=key)
         if v.complete and v.manifest is not None:
             return True, f"complete, input key matches manifest of {_when(v.manifest.manifest.finished_at)}"
@@ -253,6 +255,8 @@ class Scheduler:
                     if complete:
                         self._set(name, "skipped", why)
                         continue
+                    if self._attach(name):
+                        continue
                 self._set(name, "waiting", "ready")
             self._try_start(name)
 
@@ -279,20 +283,34 @@ class Scheduler:
             if holder is not None:
                 self._wait(name, f"waiting for the GPUs (held by {holder})")
                 return
-        if name in self.selection.force:
-            # Uncommit so the stage reruns from scratch on any backend; dependents' keys change with it.
-            self.store.delete(f"{stage_prefix(self.cfg.run_id, name)}/{MANIFEST}")
-            self.store.delete(f"{stage_prefix(self.cfg.run_id, name)}/{ATTEMPT}")
         row = self.rows[name]
         row.started_at, row.ended_at = time.time(), None
         row.gpus = self.backend.gpu_count() if spec.resource == "gpu" else 0
         try:
-            row.handle = self.backend.submit(name, endpoint=endpoint)
+            if name not in self.keys:  # forced: never checked for completeness
+                self.keys[name] = stage_input_key(self.cfg, spec, upstream_digests(self.cfg, spec, self.store))
+            row.handle = self.backend.submit(name, endpoint=endpoint, input_key=self.keys[name],
+                                             force=name in self.selection.force)
         except Eagle3Error as e:
             row.ended_at = time.time()
             self._fail(StageOutcome(name, False, str(e)))
             return
         self._set(name, "running")
+
+    def _attach(self, name: str) -> bool:
+        """Follow an attempt of this key an earlier CLI started and left running (no resubmit)."""
+        try:
+            handle = self.backend.attach(name, self.keys[name])
+        except Eagle3Error as e:
+            self._fail(StageOutcome(name, False, str(e)))
+            return True
+        if handle is None:
+            return False
+        row = self.rows[name]
+        row.handle, row.started_at, row.ended_at = handle, handle.started_at, None
+        row.gpus = self.backend.gpu_count() if STAGES[name].resource == "gpu" else 0
+        self._set(name, "running", f"attached to {handle.ref}, started by an earlier run")
+        return True
 
     def _save_progress(self, row: StageRow) -> None:
         """Progress into state.json (every few seconds) so `status` in another shell shows it."""
@@ -393,11 +411,21 @@ class Scheduler:
 
     def _shutdown(self) -> None:
         """Ctrl-C / SIGTERM: stop every running stage and the server, then return."""
+        detach = self.backend.detach_on_interrupt
         for row in self.rows.values():
             if row.state == "running" and row.handle is not None:
+                if detach:
+                    self.backend.detach(row.handle)
+                    self._set(row.name, "detached", f"left running as {row.handle.ref}; the next run attaches to it")
+                    continue
                 self.backend.cancel(row.handle)
                 row.ended_at = time.time()
                 self._set(row.name, "stopped", "interrupted; the next run resumes it")
             elif row.state in ("pending", "waiting"):
                 self._set(row.name, "stopped", "interrupted before it started")
+        if detach and any(r.state == "detached" for r in self.rows.values()) and self._endpoint_needed_by_detached():
+            return  # a detached stage still calls the endpoint: leave the server up for it
         self._stop_serve_now()
+
+    def _endpoint_needed_by_detached(self) -> bool:
+        return any(STAGES[n].needs_endpoint and r.state == "detached" for n, r in self.rows.items())

@@ -47,7 +47,8 @@ class FakeBackend(Backend):
         time.sleep(0.02)
         self.serve_runs[-1].end = time.time()
 
-    def submit(self, stage: str, endpoint: str | None = None) -> StageHandle:
+    def submit(self, stage: str, endpoint: str | None = None, input_key: str | None = None,
+               force: bool = False) -> StageHandle:
         self.submitted.append(stage)
         self.endpoints[stage] = endpoint
         self.runs[stage] = Interval(time.time())
