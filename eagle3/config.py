@@ -41,6 +41,9 @@ class StoreSettings(BaseModel):
     uri: str = Field("file://./eagle3-store", description="file://PATH (embedded default) or s3://BUCKET[/PREFIX].")
     endpoint_url: str | None = Field(None, description="S3 endpoint for MinIO / Ceph / R2; default AWS (or AWS_ENDPOINT_URL).")
     region: str | None = Field(None, description="S3 region.")
+    max_attempts: int = Field(10, ge=1, le=100, description="S3: attempts per call, the first included (botocore retries with backoff).")
+    retry_mode: str = Field("standard", pattern="^(standard|adaptive)$",
+                            description="S3: botocore retry mode; adaptive also slows the client down when throttled.")
 
     @field_validator("uri")
     @classmethod
@@ -66,7 +69,10 @@ class PipelineConfig(BaseSettings):
         env_prefix="EAGLE3_", env_nested_delimiter="__", extra="forbid", validate_default=True
     )
 
-    run_id: str = Field("demo", description="Names the run: objects live under <store>/<run_id>/<stage>/.")
+    run_id: str | None = Field(None, description="Names the run: objects live under <store>/<run_id>/<stage>/. "
+                               "Unset: derived from the config file, <file name>-<short hash of its path>.")
+    lease_ttl_s: float = Field(60, ge=5, description="The run's lease in the store expires this long after its "
+                               "holder's last heartbeat; a stale lease is taken over by the next run.")
     backend: str = Field("local", pattern="^(local|kubernetes)$", description="Where stages run.")
     store: StoreSettings = Field(default_factory=StoreSettings)
     target: TargetSettings = Field(default_factory=TargetSettings)
@@ -81,8 +87,8 @@ class PipelineConfig(BaseSettings):
 
     @field_validator("run_id")
     @classmethod
-    def _run_id(cls, v: str) -> str:
-        if not _RUN_ID.match(v):
+    def _run_id(cls, v: str | None) -> str | None:
+        if v is not None and not _RUN_ID.match(v):
             raise ValueError("must be lowercase letters, digits and '-', at most 42 characters (it becomes a label)")
         return v
 
@@ -177,7 +183,22 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         raise ConfigError(_format_error(e, source, overrides)) from None
     finally:
         _OVERRIDES.reset(token)
+    if cfg.run_id is None:
+        cfg.run_id = derived_run_id(path) if path else DEFAULT_RUN_ID
     return cfg
+
+
+DEFAULT_RUN_ID = "default"
+
+
+def derived_run_id(path: str | Path) -> str:
+    """``<file name>-<6 hex of the absolute path>``: the same file names the same run from any
+    directory; editing it keeps the run (stages rerun by input key), another file is another run."""
+    import hashlib
+
+    p = Path(path).expanduser().resolve()
+    stem = re.sub(r"[^a-z0-9-]+", "-", p.stem.lower()).strip("-")[:32] or "run"
+    return f"{stem}-{hashlib.sha256(str(p).encode()).hexdigest()[:6]}"
 
 
 def config_section_dump(cfg: PipelineConfig, sections: list[str]) -> dict[str, Any]:

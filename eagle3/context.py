@@ -17,7 +17,9 @@ from typing import Any
 
 from eagle3.config import PipelineConfig
 from eagle3.errors import UpstreamMissing
-from eagle3.manifest import LoadedManifest, StageOutput, compute_input_key, stage_prefix, verify_stage
+from eagle3.manifest import (LoadedManifest, ObjectWriter, StageOutput, attempt_prefix, attempt_root,
+                             compute_input_key, read_manifest, verify_stage)
+from eagle3.errors import ManifestError
 from eagle3.stages import StageSpec, get_stage, stage_config
 from eagle3.store import ObjectStore, open_store
 
@@ -35,18 +37,29 @@ class StageContext:
     store: ObjectStore
     upstream: dict[str, LoadedManifest]
     input_key: str
-    output: StageOutput | None  # None on ranks other than 0: they never write the store
+    output: StageOutput | None  # None on ranks other than 0: they never commit
     scratch: Path
     endpoint: str | None = None
+    root: str = ""  # this attempt's folder under <run_id>/<stage>/, the same on every rank
     _last_progress: float = field(default=0.0, repr=False)
 
     @property
     def run_id(self) -> str:
         return self.cfg.run_id
 
+    @property
+    def output_prefix(self) -> str:
+        """Where this attempt's objects go (and its checkpoints are), on every rank."""
+        return attempt_prefix(self.run_id, self.spec.name, self.root)
+
+    def object_writer(self) -> ObjectWriter:
+        """Rank 0's StageOutput; on other ranks a writer into the same attempt folder."""
+        if self.output is not None:
+            return self.output
+        return ObjectWriter(self.store, self.run_id, self.spec.name, self.root)
+
     def upstream_key(self, stage: str, name: str) -> str:
-        self.upstream[stage].manifest.object(name)  # must be listed: fail loudly otherwise
-        return f"{stage_prefix(self.run_id, stage)}/{name}"
+        return self.upstream[stage].manifest.object_key(name)  # must be listed: fails loudly otherwise
 
     def upstream_path(self, stage: str, name: str) -> Path:
         """A local path to an upstream object (in place for file://, downloaded for s3://)."""
@@ -87,12 +100,14 @@ def upstream_digests(cfg: PipelineConfig, spec: StageSpec, store: ObjectStore) -
     return out
 
 
-def stage_input_key(cfg: PipelineConfig, spec: StageSpec, upstream: dict[str, LoadedManifest]) -> str:
-    return compute_input_key(spec.name, stage_config(cfg, spec), {k: v.digest for k, v in upstream.items()})
+def stage_input_key(cfg: PipelineConfig, spec: StageSpec, upstream: dict[str, LoadedManifest],
+                    store: ObjectStore | None = None) -> str:
+    return compute_input_key(spec.name, stage_config(cfg, spec, store), {k: v.digest for k, v in upstream.items()})
 
 
 def open_run_store(cfg: PipelineConfig) -> ObjectStore:
-    store = open_store(cfg.store.uri, cfg.store.endpoint_url, cfg.store.region)
+    store = open_store(cfg.store.uri, cfg.store.endpoint_url, cfg.store.region, cfg.store.max_attempts,
+                       cfg.store.retry_mode)
     check = getattr(store, "check", None)
     if check is not None:
         check()
@@ -107,18 +122,23 @@ def run_stage(cfg: PipelineConfig, name: str, force: bool = False, endpoint: str
     spec = get_stage(name)
     store = open_run_store(cfg)
     upstream = upstream_digests(cfg, spec, store)
-    key = stage_input_key(cfg, spec, upstream)
+    key = stage_input_key(cfg, spec, upstream, store)
     if not force and verify_stage(store, cfg.run_id, name, input_key=key).complete:
         print(f"stage {name}: already complete for this input key; skipping", file=sys.stderr)
         return None
-    writer = rank() == 0
-    output = StageOutput(store, cfg.run_id, name, key, {k: v.digest for k, v in upstream.items()}) if writer else None
-    if output is not None:
-        if force:
-            store.delete(f"{stage_prefix(cfg.run_id, name)}/_attempt.json")
-        output.begin()
+    # The committed output (if any) stays; this attempt writes beside it until its commit.
+    try:
+        committed = read_manifest(store, cfg.run_id, name)
+    except ManifestError:
+        committed = None
+    root = attempt_root(key, committed.manifest.root if committed else None)
+    output = None
+    if rank() == 0:
+        output = StageOutput(store, cfg.run_id, name, key, {k: v.digest for k, v in upstream.items()}, root=root,
+                             config=stage_config(cfg, spec, store))
+        output.begin(fresh=force)
     with tempfile.TemporaryDirectory(prefix=f"eagle3-{name}-") as tmp:
-        ctx = StageContext(cfg, spec, store, upstream, key, output, Path(tmp), endpoint=endpoint)
+        ctx = StageContext(cfg, spec, store, upstream, key, output, Path(tmp), endpoint=endpoint, root=root)
         stats = spec.load_entry()(ctx)
         if output is not None:
             output.commit(stats)

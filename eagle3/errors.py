@@ -32,5 +32,9 @@ class StageError(Eagle3Error):
     """A stage failed on its input (e.g. malformed prompts, mismatched tokenizer)."""
 
 
+class RunNotFound(Eagle3Error):
+    """The store holds nothing for the run id asked about."""
+
+
 class UpstreamMissing(Eagle3Error):
     """A stage was started before the stages it reads from were complete."""

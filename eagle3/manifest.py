@@ -1,10 +1,19 @@
 """The manifest protocol: ``manifest.json`` is written last and is the only commit point.
 
-A stage writes its objects under ``<run_id>/<stage>/`` through :class:`StageOutput`,
-which records each object's size and sha256 while it streams, and journals it so a
-killed attempt can be resumed without re-hashing. The stage is complete only when its
-manifest parses, its input key matches, and every listed object is present with its
-size (``deep``: and its sha256, plus the stage's own content checks).
+A stage attempt writes its objects into an attempt folder, ``<run_id>/<stage>/<root>/``
+(``root`` = ``attempt-<first 12 hex of the input key>``), through :class:`StageOutput`,
+which records each object's size, sha256 and the store's fingerprint while it streams, and
+journals it so a killed attempt can be resumed without re-hashing. The committed output
+stays where it is while a new attempt runs beside it; the new attempt's manifest
+(``<run_id>/<stage>/manifest.json``, naming its root) replaces it at the commit, and only
+then are other attempt folders removed. So a rerun that fails, or is killed, or is refused,
+never costs the finished output.
+
+A stage is complete only when its manifest parses, its input key matches, and every listed
+object is present with its size and its content digest: objects up to
+:data:`SMALL_OBJECT` are re-hashed (sha256), larger ones are compared by the store's
+fingerprint (S3 ETag, inode + mtime + ctime on disk) recorded at write time, re-hashed only
+when that changed (``deep``: every sha256, plus the stage's own content checks).
 """
 
 from __future__ import annotations
@@ -22,20 +31,24 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from eagle3 import __version__
-from eagle3.errors import ManifestError
+from eagle3.errors import ManifestError, StoreError
 from eagle3.store import ObjectStore
-from eagle3.store.base import HashingWriter
+from eagle3.store.base import HashingWriter, ObjectStat
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)  # 1: objects directly under the stage prefix (root "")
 MANIFEST = "manifest.json"
 ATTEMPT = "_attempt.json"
 JOURNAL = "_journal"
+VERIFIED = "_verified.json"  # fingerprints re-hashed and found intact (a copied store's new inodes)
+SMALL_OBJECT = 8 << 20  # up to this size a skip re-hashes the object; above it, the fingerprint
 
 
 class ObjectEntry(BaseModel):
-    key: str  # relative to the stage prefix
+    key: str  # relative to the attempt folder
     size: int
     sha256: str
+    fingerprint: str | None = None  # the store's token at write time (ETag, inode+mtime+ctime)
 
 
 class Manifest(BaseModel):
@@ -49,6 +62,13 @@ class Manifest(BaseModel):
     stats: dict[str, Any]
     started_at: str
     finished_at: str
+    root: str = ""  # the attempt folder holding the objects, relative to <run_id>/<stage>
+    config: dict[str, Any] | None = None  # the config sections the input key hashed (to name what changed)
+
+    @property
+    def prefix(self) -> str:
+        """Where the objects are: ``<run_id>/<stage>/<root>``."""
+        return attempt_prefix(self.run_id, self.stage, self.root)
 
     def object(self, key: str) -> ObjectEntry:
         for o in self.objects:
@@ -56,12 +76,30 @@ class Manifest(BaseModel):
                 return o
         raise ManifestError(f"manifest of {self.run_id}/{self.stage} lists no object {key!r}")
 
+    def object_key(self, name: str) -> str:
+        """The store key of a listed object (ManifestError when the manifest does not list it)."""
+        self.object(name)
+        return f"{self.prefix}/{name}"
+
     def keys(self, prefix: str = "") -> list[str]:
         return [o.key for o in self.objects if o.key.startswith(prefix)]
 
 
 def stage_prefix(run_id: str, stage: str) -> str:
     return f"{run_id}/{stage}"
+
+
+def attempt_prefix(run_id: str, stage: str, root: str) -> str:
+    return f"{run_id}/{stage}/{root}" if root else f"{run_id}/{stage}"
+
+
+def attempt_root(input_key: str, committed_root: str | None) -> str:
+    """The folder an attempt for ``input_key`` writes into: ``attempt-<key12>``, or its twin
+    ``attempt-<key12>-b`` when the committed output already occupies that one (a forced rerun,
+    or a rerun of a committed output that no longer verifies). Every rank derives the same
+    root from the committed manifest, which does not change until rank 0 commits."""
+    base = f"attempt-{input_key[:12]}"
+    return f"{base}-b" if committed_root == base else base
 
 
 def now_iso() -> str:
@@ -98,9 +136,20 @@ def read_manifest(store: ObjectStore, run_id: str, stage: str) -> LoadedManifest
         m = Manifest.model_validate_json(raw)
     except ValidationError:
         raise ManifestError(f"manifest {store.uri}/{key} does not parse") from None
-    if m.schema_version != SCHEMA_VERSION:
+    if m.schema_version not in READABLE_SCHEMAS:
         raise ManifestError(f"manifest {store.uri}/{key} has schema version {m.schema_version}, expected {SCHEMA_VERSION}")
     return LoadedManifest(m, digest_bytes(raw))
+
+
+def committed_key(store: ObjectStore, run_id: str, stage: str, name: str) -> str | None:
+    """Store key of an object of another stage's committed output; None when not committed or not listed."""
+    try:
+        loaded = read_manifest(store, run_id, stage)
+    except ManifestError:
+        return None
+    if loaded is None or name not in loaded.manifest.keys(name):
+        return None
+    return loaded.manifest.object_key(name)
 
 
 ContentCheck = Callable[[ObjectStore, Manifest], list[str]]
@@ -112,10 +161,20 @@ class Verdict:
     complete: bool
     problems: list[str] = field(default_factory=list)
     manifest: LoadedManifest | None = None
+    rehashed: int = 0  # objects read back because no cheaper digest check applied
 
     @property
     def reason(self) -> str:
         return self.problems[0] if self.problems else "complete"
+
+
+def _read_verified(store: ObjectStore, run_id: str, stage: str, root: str) -> dict[str, str]:
+    key = f"{stage_prefix(run_id, stage)}/{VERIFIED}"
+    try:
+        data = json.loads(store.get_bytes(key)) if store.exists(key) else {}
+    except (ValueError, StoreError):
+        return {}
+    return data.get("objects", {}) if isinstance(data, dict) and data.get("root") == root else {}
 
 
 def verify_stage(
@@ -126,7 +185,12 @@ def verify_stage(
     deep: bool = False,
     content_check: ContentCheck | None = None,
 ) -> Verdict:
-    """Is the stage complete? Names every missing, truncated or corrupted object."""
+    """Is the stage complete? Names every missing, truncated or corrupted object.
+
+    Every object's size and content digest is checked (module docstring: small objects are
+    re-hashed, large ones compared by fingerprint); ``deep`` re-hashes everything and runs
+    the stage's content checks.
+    """
     prefix = stage_prefix(run_id, stage)
     try:
         loaded = read_manifest(store, run_id, stage)
@@ -140,18 +204,39 @@ def verify_stage(
         problems.append(f"manifest at {prefix} names {m.run_id}/{m.stage}")
     if input_key is not None and m.input_key != input_key:
         problems.append(f"{prefix}: input key changed (config, upstream or code differ from the committed run)")
+    stats: dict[str, ObjectStat] = store.stat_prefix(m.prefix) if m.objects else {}
+    verified = _read_verified(store, run_id, stage, m.root)
+    newly_verified: dict[str, str] = {}
+    rehashed = 0
     for o in m.objects:
-        key = f"{prefix}/{o.key}"
-        size = store.size(key)
-        if size is None:
+        key = f"{m.prefix}/{o.key}"
+        st = stats.get(key)
+        if st is None:
             problems.append(f"missing object {store.uri}/{key}")
-        elif size != o.size:
-            problems.append(f"truncated or altered object {store.uri}/{key}: {size} bytes, manifest says {o.size}")
-        elif deep and store.sha256(key) != o.sha256:
+            continue
+        if st.size != o.size:
+            problems.append(f"truncated or altered object {store.uri}/{key}: {st.size} bytes, manifest says {o.size}")
+            continue
+        untouched = st.fingerprint in (o.fingerprint, verified.get(o.key))
+        if not deep and untouched and o.size > SMALL_OBJECT:
+            continue
+        rehashed += 1
+        if store.sha256(key) != o.sha256:
             problems.append(f"corrupted object {store.uri}/{key}: sha256 differs from the manifest")
+        elif not untouched and o.size > SMALL_OBJECT:
+            newly_verified[o.key] = st.fingerprint
+    if newly_verified and not problems:
+        _write_verified(store, run_id, stage, m.root, {**verified, **newly_verified})
     if deep and not problems and content_check is not None:
         problems.extend(content_check(store, m))
-    return Verdict(stage, not problems, problems, loaded)
+    return Verdict(stage, not problems, problems, loaded, rehashed)
+
+
+def _write_verified(store: ObjectStore, run_id: str, stage: str, root: str, objects: dict[str, str]) -> None:
+    """Remember fingerprints whose bytes were re-hashed and found intact (e.g. after the store
+    was copied: new inodes), so the next skip is cheap again. A cache: losing it costs a re-read."""
+    body = json.dumps({"root": root, "objects": objects}, sort_keys=True).encode()
+    store.put_bytes(f"{stage_prefix(run_id, stage)}/{VERIFIED}", body)
 
 
 class ObjectWriter:
@@ -159,13 +244,13 @@ class ObjectWriter:
 
     Rank 0 writes through its :class:`StageOutput`, which begins and commits the attempt;
     another process of the same stage (a torchrun rank) writes through a plain
-    ObjectWriter after rank 0 began, and rank 0 carries the entries into its manifest
-    with :meth:`StageOutput.include`. A killed attempt's journal covers both.
+    ObjectWriter on the same attempt root after rank 0 began, and rank 0 carries the entries
+    into its manifest with :meth:`StageOutput.include`. A killed attempt's journal covers both.
     """
 
-    def __init__(self, store: ObjectStore, run_id: str, stage: str) -> None:
-        self.store, self.run_id, self.stage = store, run_id, stage
-        self.prefix = stage_prefix(run_id, stage)
+    def __init__(self, store: ObjectStore, run_id: str, stage: str, root: str) -> None:
+        self.store, self.run_id, self.stage, self.root = store, run_id, stage, root
+        self.prefix = attempt_prefix(run_id, stage, root)
         self.entries: dict[str, ObjectEntry] = {}
 
     def _k(self, name: str) -> str:
@@ -173,12 +258,12 @@ class ObjectWriter:
 
     @contextmanager
     def writer(self, name: str, journal: bool = True) -> Iterator[HashingWriter]:
-        if name in (MANIFEST, ATTEMPT) or name.startswith(JOURNAL + "/"):
+        if name in (MANIFEST, ATTEMPT, VERIFIED) or name.startswith(JOURNAL + "/"):
             raise ManifestError(f"stage output name {name!r} is reserved")
         with self.store.writer(self._k(name)) as w:
             yield w
         info = w.info  # type: ignore[attr-defined]
-        entry = ObjectEntry(key=name, size=info.size, sha256=info.sha256)
+        entry = ObjectEntry(key=name, size=info.size, sha256=info.sha256, fingerprint=info.fingerprint)
         self.entries[name] = entry
         if journal:
             self.store.put_bytes(self._k(f"{JOURNAL}/{name}.json"), entry.model_dump_json().encode())
@@ -199,25 +284,29 @@ class ObjectWriter:
 
 
 class StageOutput(ObjectWriter):
-    """Writes one stage attempt's objects and commits them with the manifest, last.
+    """Writes one stage attempt's objects beside the committed output and commits them with the
+    manifest, last.
 
-    Resume: objects journaled by an earlier attempt with the same input key are
-    offered by :meth:`recovered`; a changed input key wipes the stage folder first.
-    Only rank 0 begins and commits; other ranks write through an :class:`ObjectWriter`.
+    Resume: objects journaled by an earlier attempt in the same root (same input key) are
+    offered by :meth:`recovered`; ``fresh`` (``--force``) starts the root over. Only rank 0
+    begins and commits; other ranks write through an :class:`ObjectWriter`.
     """
 
-    def __init__(self, store: ObjectStore, run_id: str, stage: str, input_key: str, upstream: dict[str, str]) -> None:
-        super().__init__(store, run_id, stage)
-        self.input_key, self.upstream = input_key, upstream
+    def __init__(self, store: ObjectStore, run_id: str, stage: str, input_key: str, upstream: dict[str, str],
+                 root: str | None = None, config: dict[str, Any] | None = None) -> None:
+        if root is None:
+            committed = _committed_root(store, run_id, stage)
+            root = attempt_root(input_key, committed)
+        super().__init__(store, run_id, stage, root)
+        self.input_key, self.upstream, self.config = input_key, upstream, config
         self._recovered: dict[str, ObjectEntry] = {}
         self.started_at = now_iso()
         self._t0 = time.monotonic()
 
-    def begin(self) -> None:
-        """Uncommit the stage, then keep or wipe the previous attempt's partial objects."""
-        self.store.delete(self._k(MANIFEST))
+    def begin(self, fresh: bool = False) -> None:
+        """Start (or resume) this attempt's folder; the committed output is left alone."""
         previous = None
-        if self.store.exists(self._k(ATTEMPT)):
+        if not fresh and self.store.exists(self._k(ATTEMPT)):
             try:
                 previous = json.loads(self.store.get_bytes(self._k(ATTEMPT))).get("input_key")
             except ValueError:
@@ -282,10 +371,26 @@ class StageOutput(ObjectWriter):
             stats=stats,
             started_at=self.started_at,
             finished_at=now_iso(),
+            root=self.root,
+            config=self.config,
         )
         raw = m.model_dump_json(indent=2).encode() + b"\n"
-        self.store.put_bytes(self._k(MANIFEST), raw)
-        # After the commit point: housekeeping only; a crash here leaves a complete stage.
+        stage_dir = stage_prefix(self.run_id, self.stage)
+        self.store.put_bytes(f"{stage_dir}/{MANIFEST}", raw)
+        # After the commit point: housekeeping only; a crash here leaves a complete stage, and
+        # the next commit sweeps what this one did not.
         self.store.delete_prefix(f"{self.prefix}/{JOURNAL}")
         self.store.delete(self._k(ATTEMPT))
+        mine = self.prefix + "/"
+        # the replaced output, abandoned attempts, a stale fingerprint cache
+        self.store.delete_many([k for k in self.store.list(stage_dir)
+                                if not k.startswith(mine) and k != f"{stage_dir}/{MANIFEST}"])
         return LoadedManifest(m, digest_bytes(raw))
+
+
+def _committed_root(store: ObjectStore, run_id: str, stage: str) -> str | None:
+    try:
+        loaded = read_manifest(store, run_id, stage)
+    except ManifestError:
+        return None
+    return None if loaded is None else loaded.manifest.root

@@ -23,12 +23,16 @@ class StageSpec:
     check: str | None  # "module:function" deep content check (store, manifest) -> problems
     description: str
     needs_endpoint: bool = False  # generate: needs the serve stage's endpoint
+    preflight: str | None = None  # "module:function" (cfg) -> None, raising a one-line Eagle3Error
 
     def load_entry(self) -> Callable[..., dict[str, Any]]:
         return _load(self.entry)
 
     def load_check(self) -> Callable[..., list[str]] | None:
         return _load(self.check) if self.check else None
+
+    def load_preflight(self) -> Callable[..., None] | None:
+        return _load(self.preflight) if self.preflight else None
 
 
 def _load(path: str) -> Any:
@@ -66,11 +70,16 @@ VOLATILE_FIELDS = {
 }
 
 
-def stage_config(cfg: PipelineConfig, spec: StageSpec) -> dict[str, Any]:
+def stage_config(cfg: PipelineConfig, spec: StageSpec, store: Any = None) -> dict[str, Any]:
+    """The config that determines the stage's outputs; local files it names count by content
+    (``eagle3.inputs``: looked up in ``store``'s record of the run when no longer on disk)."""
+    from eagle3.inputs import keyed_config
+
     full = cfg.model_dump(mode="json")
     out = {}
     for section in spec.sections:
-        out[section] = {k: v for k, v in full[section].items() if k not in VOLATILE_FIELDS.get(section, set())}
+        values = {k: v for k, v in full[section].items() if k not in VOLATILE_FIELDS.get(section, set())}
+        out[section] = keyed_config(section, values, store, cfg.run_id)
     return out
 
 

@@ -1,32 +1,106 @@
-"""Verification of a run's manifests, shallow or deep, stage by stage."""
+"""Verification of a run's manifests, stage by stage: what ``eagle3ctl verify`` prints.
+
+Every stage of a run that has started must be complete: a stage with no output is a
+problem, not "not run". Each stage's input key is recomputed from the config (the one
+given, else the config recorded at the run's latest start) and its upstream manifests, so
+a stage left behind by a changed setting or a rerun upstream is reported as stale, with the
+settings that differ when the manifest recorded them.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import json
+from typing import Any, Callable
 
 from eagle3.config import PipelineConfig
-from eagle3.context import open_run_store
-from eagle3.manifest import verify_stage
-from eagle3.stages import ORDER, get_stage
+from eagle3.context import open_run_store, stage_input_key
+from eagle3.manifest import LoadedManifest, verify_stage
+from eagle3.stages import ORDER, get_stage, stage_config
+from eagle3.store import ObjectStore
 
 
-def verify_run(cfg: PipelineConfig, stages: list[str] | None, deep: bool, echo: Callable[[str], None]) -> bool:
-    """Print one line per stage (and per problem); True when every named (else every started) stage is complete."""
+def recorded_config(store: ObjectStore, run_id: str) -> PipelineConfig | None:
+    """The resolved config the run's latest attempt started with (``_run/config.json``)."""
+    from eagle3.pipeline.runner import RUN_CONFIG
+
+    key = f"{run_id}/{RUN_CONFIG}"
+    try:
+        return PipelineConfig.model_validate(json.loads(store.get_bytes(key))) if store.exists(key) else None
+    except ValueError:
+        return None
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """``section.field: old -> new`` for every leaf that differs."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}: {json.dumps(a)} -> {json.dumps(b)}")
+    return out
+
+
+def _stale_reason(cfg: PipelineConfig, name: str, m: Any, upstream: dict[str, LoadedManifest], store: ObjectStore) -> str:
+    spec = get_stage(name)
+    ups = [u for u in spec.needs if m.upstream.get(u) != upstream[u].digest]
+    if ups:
+        return f"stale: {', '.join(ups)} was rerun after it (its input key no longer matches)"
+    if m.config is not None:
+        changes = config_changes(m.config, stage_config(cfg, spec, store))
+        if changes:
+            return "stale: the config changed since it ran (" + "; ".join(changes[:3]) + (" …" if len(changes) > 3 else "") + ")"
+    return "stale: its input key no longer matches the config, upstream or code"
+
+
+def verify_run(cfg: PipelineConfig, stages: list[str] | None, deep: bool, echo: Callable[[str], None],
+               config_given: bool = True) -> bool:
+    """Print one line per stage (and one per problem); True when every named (else every) stage
+    is complete for the config's input keys."""
+    from eagle3.pipeline.status import require_run
+
+    for name in stages or ():
+        get_stage(name)  # an unknown name is a config error, before the store is asked
     store = open_run_store(cfg)
+    require_run(store, cfg.run_id)
+    keys_checked = True
+    if not config_given:
+        recorded = recorded_config(store, cfg.run_id)
+        if recorded is not None:
+            cfg = recorded.model_copy(update={"run_id": cfg.run_id, "store": cfg.store})
+        else:
+            keys_checked = False
+            echo("note: no config given and none recorded in the store: input keys are not checked")
     ok = True
-    for name in stages or list(ORDER):
+    complete: dict[str, LoadedManifest] = {}
+    for name in ORDER:
         spec = get_stage(name)
-        if not stages and not store.list(f"{cfg.run_id}/{name}"):
-            echo(f"{name}: not run")
+        shown = not stages or name in stages
+        missing_ups = [u for u in spec.needs if u not in complete]
+        key = None if missing_ups or not keys_checked else stage_input_key(
+            cfg, spec, {u: complete[u] for u in spec.needs}, store)
+        check = spec.load_check() if deep and shown else None
+        v = verify_stage(store, cfg.run_id, name, input_key=None, deep=deep and shown, content_check=check)
+        problems = list(v.problems)
+        if v.manifest is None and not store.has_prefix(f"{cfg.run_id}/{name}"):
+            problems = [f"not run: the run has started, and {name} has no output in {store.uri}/{cfg.run_id}/{name}"]
+        if v.complete and v.manifest is not None:
+            m = v.manifest.manifest
+            if key is not None and m.input_key != key:
+                problems.append(_stale_reason(cfg, name, m, {u: complete[u] for u in spec.needs}, store))
+            elif missing_ups:
+                problems.append(f"needs {', '.join(missing_ups)}, which is not complete")
+        if not problems and v.manifest is not None:
+            complete[name] = v.manifest
+        if not shown:
             continue
-        check = spec.load_check() if deep else None
-        v = verify_stage(store, cfg.run_id, name, deep=deep, content_check=check)
-        if v.complete:
+        if not problems:
             n = len(v.manifest.manifest.objects) if v.manifest else 0
             echo(f"{name}: ok ({n} objects{', deep' if deep else ''})")
         else:
             ok = False
             echo(f"{name}: FAILED")
-            for p in v.problems:
+            for p in problems:
                 echo(f"  {p}")
     return ok

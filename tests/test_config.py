@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from eagle3.cli.app import app
-from eagle3.config import config_section_dump, load_config
+from eagle3.config import derived_run_id, config_section_dump, load_config
 from eagle3.errors import ConfigError
 
 
@@ -35,7 +35,7 @@ def _one_line_error(excinfo: pytest.ExceptionInfo[ConfigError]) -> str:
 
 def test_defaults_validate() -> None:
     cfg = load_config(None)
-    assert cfg.run_id == "demo" and cfg.store.uri.startswith("file://")
+    assert cfg.run_id == "default" and cfg.store.uri.startswith("file://")
     assert cfg.vocab.draft_vocab_size == 32000
 
 
@@ -113,7 +113,7 @@ def test_cli_overrides_beat_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert cfg.train.lr == 5e-5
     assert cfg.store.uri == "s3://bucket/p"
     assert cfg.store.endpoint_url == "http://minio:9000"  # sibling keys from YAML kept
-    assert cfg.run_id == "demo"  # a None override means "not given"
+    assert cfg.run_id == derived_run_id(tmp_path / "pipeline.yaml")  # a None override means "not given"
 
 
 def test_bad_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,7 +140,23 @@ def test_env_single_underscore_typo_is_named(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_unrelated_eagle3_env_is_not_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EAGLE3_DEBUG", "1")
-    assert load_config(None).run_id == "demo"
+    assert load_config(None).run_id == "default"
+
+
+def test_run_id_is_derived_from_the_config_file_when_unnamed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = tmp_path / "a" / "My Pipeline.yaml"
+    b = tmp_path / "b" / "My Pipeline.yaml"
+    for p in (a, b):
+        p.parent.mkdir()
+        p.write_text("train:\n  lr: 0.1\n")
+    ra, rb = load_config(a).run_id, load_config(b).run_id
+    assert ra.startswith("my-pipeline-") and len(ra) == len("my-pipeline-") + 6
+    assert ra != rb  # same name, other file: another run
+    monkeypatch.chdir(a.parent)
+    assert load_config("My Pipeline.yaml").run_id == ra  # the same file from another directory: the same run
+    a.write_text("train:\n  lr: 0.2\n")
+    assert load_config(a).run_id == ra  # edited: still the same run (stages rerun by input key)
+    assert load_config(a, {"run_id": "named"}).run_id == "named"
 
 
 def test_bad_override_names_the_command_line() -> None:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
+import eagle3.manifest as manifest_mod
 from eagle3.errors import ManifestError
 from eagle3.manifest import (
     StageOutput,
@@ -48,6 +53,10 @@ def test_key_is_deterministic_and_sensitive() -> None:
     assert compute_input_key("s", {}, {}, code_version="1") != compute_input_key("s", {}, {}, code_version="2")
 
 
+ROOT_A = f"attempt-{KEY_A[:12]}"
+ROOT_B = f"attempt-{KEY_B[:12]}"
+
+
 def test_commit_lists_objects_with_sha256(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     out = StageOutput(store, "r1", "vocab", KEY_A, {"generate": "d1"})
@@ -58,10 +67,12 @@ def test_commit_lists_objects_with_sha256(tmp_path: Path) -> None:
     m = loaded.manifest
     assert [o.key for o in m.objects] == ["a.bin", "stats.json"]
     assert m.object("a.bin").sha256 == "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+    assert m.object("a.bin").fingerprint  # the store's token, for cheap digest checks on every skip
     assert m.stats["coverage"] == 0.9 and "duration_s" in m.stats
-    assert (m.stage, m.run_id, m.input_key, m.upstream) == ("vocab", "r1", KEY_A, {"generate": "d1"})
+    assert (m.stage, m.run_id, m.input_key, m.upstream, m.root) == ("vocab", "r1", KEY_A, {"generate": "d1"}, ROOT_A)
+    assert m.object_key("a.bin") == f"r1/vocab/{ROOT_A}/a.bin"
     # Housekeeping after the commit: no journal or attempt file left behind.
-    assert store.list("r1/vocab") == ["r1/vocab/a.bin", "r1/vocab/manifest.json", "r1/vocab/stats.json"]
+    assert store.list("r1/vocab") == [f"r1/vocab/{ROOT_A}/a.bin", f"r1/vocab/{ROOT_A}/stats.json", "r1/vocab/manifest.json"]
     again = read_manifest(store, "r1", "vocab")
     assert again is not None and again.digest == loaded.digest
     with pytest.raises(ManifestError, match="lists no object 'absent'"):
@@ -89,69 +100,152 @@ def test_kill_before_manifest_leaves_stage_incomplete_then_resumes(tmp_path: Pat
     assert verify_stage(store, "r1", "extract", input_key=KEY_A, deep=True).complete
 
 
-def test_changed_input_key_wipes_partial_objects(tmp_path: Path) -> None:
+def test_changed_input_key_starts_beside_the_partial_attempt(tmp_path: Path) -> None:
     _kill_mid_stage(tmp_path, n_written=2)
     store = LocalStore(tmp_path)
     out = StageOutput(store, "r1", "extract", KEY_B, {"generate": "d1"})
     out.begin()
-    assert out.recovered() == {}
-    assert store.list("r1/extract") == ["r1/extract/_attempt.json"]
+    assert out.recovered() == {} and out.root == ROOT_B
+    # KEY_A's partial attempt is kept (flip the setting back and it resumes) until a commit
+    assert len(store.list(f"r1/extract/{ROOT_A}/shards")) == 2
+    out.put_bytes("x.bin", b"x")
+    out.commit({})
+    assert store.list("r1/extract") == [f"r1/extract/{ROOT_B}/x.bin", "r1/extract/manifest.json"]
 
 
 def test_journaled_object_altered_after_the_kill_is_not_recovered(tmp_path: Path) -> None:
     _kill_mid_stage(tmp_path, n_written=2)
-    (tmp_path / "r1/extract/shards/shard-000001.bin").write_bytes(b"short")
+    (tmp_path / f"r1/extract/{ROOT_A}/shards/shard-000001.bin").write_bytes(b"short")
     store = LocalStore(tmp_path)
     out = StageOutput(store, "r1", "extract", KEY_A, {"generate": "d1"})
     out.begin()
     assert list(out.recovered()) == ["shards/shard-000000.bin"]
 
 
-def test_rerun_uncommits_before_writing(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
-    out = StageOutput(store, "r1", "vocab", KEY_A, {})
-    out.begin()
-    out.put_bytes("a.bin", b"1")
+def _commit(store: ObjectStore, key: str = KEY_A, objects: dict[str, bytes] | None = None, fresh: bool = False) -> StageOutput:
+    out = StageOutput(store, "r1", "vocab", key, {})
+    out.begin(fresh=fresh)
+    for name, data in (objects or {"a.bin": b"1"}).items():
+        out.put_bytes(name, data)
     out.commit({})
-    again = StageOutput(store, "r1", "vocab", KEY_A, {})
-    again.begin()  # from here on the stage must not look complete
-    assert not verify_stage(store, "r1", "vocab").complete
+    return out
+
+
+def test_a_rerun_never_uncommits_the_finished_output(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    _commit(store, KEY_A)
+    for key, fresh in ((KEY_B, False), (KEY_A, True)):  # a changed setting; a forced rerun
+        again = StageOutput(store, "r1", "vocab", key, {})
+        again.begin(fresh=fresh)
+        again.put_bytes("a.bin", b"2")
+        # the new attempt is under way (or dies here): the old output is still committed and intact
+        v = verify_stage(store, "r1", "vocab", input_key=KEY_A, deep=True)
+        assert v.complete and v.manifest is not None and v.manifest.manifest.root == ROOT_A
+        assert again.root != ROOT_A
+    # the forced attempt commits: it replaces the output, and only now is the old folder removed
+    again.commit({})
+    m = read_manifest(store, "r1", "vocab").manifest
+    assert m.root == f"{ROOT_A}-b" and store.get_bytes(m.object_key("a.bin")) == b"2"
+    assert not store.list(f"r1/vocab/{ROOT_A}") and not store.list(f"r1/vocab/{ROOT_B}")
+    # forced once more: back to the first folder, never the committed one
+    assert _commit(store, KEY_A, fresh=True).root == ROOT_A
+
+
+def test_a_failing_attempt_leaves_the_committed_output_verified(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    _commit(store, KEY_A, {"a.bin": b"old"})
+    with pytest.raises(RuntimeError):
+        out = StageOutput(store, "r1", "vocab", KEY_B, {})
+        out.begin()
+        with out.writer("a.bin") as w:
+            w.write(b"new but unfinished")
+            raise RuntimeError("stage died")
+    v = verify_stage(store, "r1", "vocab", input_key=KEY_A, deep=True)
+    assert v.complete and store.get_bytes(v.manifest.manifest.object_key("a.bin")) == b"old"
 
 
 def test_input_key_mismatch_is_incomplete(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
-    out = StageOutput(store, "r1", "vocab", KEY_A, {})
-    out.begin()
-    out.put_bytes("a.bin", b"1")
-    out.commit({})
+    _commit(store, KEY_A)
     v = verify_stage(store, "r1", "vocab", input_key=KEY_B)
     assert not v.complete and v.reason == "r1/vocab: input key changed (config, upstream or code differ from the committed run)"
     assert verify_stage(store, "r1", "vocab", input_key=None).complete  # verify without a key: objects only
 
 
-def _committed(store: ObjectStore) -> None:
-    out = StageOutput(store, "r1", "vocab", KEY_A, {})
-    out.begin()
-    out.put_bytes("a.bin", b"a" * 1000)
-    out.put_bytes("b.bin", b"b" * 10)
-    out.commit({})
+def _committed(store: ObjectStore) -> Path:
+    """Commit a.bin (1000 bytes) and b.bin (10); the folder they are in (ROOT_A, or its twin
+    when ROOT_A was the committed output already)."""
+    out = _commit(store, KEY_A, {"a.bin": b"a" * 1000, "b.bin": b"b" * 10})
+    return Path(store.local_path(out.prefix))  # type: ignore[arg-type]
 
 
 def test_verify_names_missing_truncated_and_corrupted_objects(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
-    _committed(store)
-    (tmp_path / "r1/vocab/a.bin").write_bytes(b"a" * 999)
-    (tmp_path / "r1/vocab/b.bin").unlink()
+    folder = _committed(store)
+    (folder / "a.bin").write_bytes(b"a" * 999)
+    (folder / "b.bin").unlink()
     v = verify_stage(store, "r1", "vocab")
     assert v.problems == [
-        f"truncated or altered object {store.uri}/r1/vocab/a.bin: 999 bytes, manifest says 1000",
-        f"missing object {store.uri}/r1/vocab/b.bin",
+        f"truncated or altered object {store.uri}/r1/vocab/{ROOT_A}/a.bin: 999 bytes, manifest says 1000",
+        f"missing object {store.uri}/r1/vocab/{ROOT_A}/b.bin",
     ]
-    _committed(store)
-    (tmp_path / "r1/vocab/a.bin").write_bytes(b"a" * 999 + b"X")  # same size, other bytes
-    assert verify_stage(store, "r1", "vocab").complete  # shallow: sizes only
-    v = verify_stage(store, "r1", "vocab", deep=True)
-    assert v.problems == [f"corrupted object {store.uri}/r1/vocab/a.bin: sha256 differs from the manifest"]
+    folder = _committed(store)  # the damaged output is replaced (beside it: the twin folder)
+    assert folder.name == f"{ROOT_A}-b"
+    (folder / "a.bin").write_bytes(b"a" * 999 + b"X")  # same size, other bytes
+    v = verify_stage(store, "r1", "vocab")  # no --deep needed: a small object is re-hashed on every check
+    assert v.problems == [f"corrupted object {store.uri}/r1/vocab/{ROOT_A}-b/a.bin: sha256 differs from the manifest"]
+
+
+def _flip_in_place(path: Path, keep_mtime: bool) -> None:
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(st.st_size // 2)
+        b = f.read(1)
+        f.seek(st.st_size // 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+    if keep_mtime:  # a tamperer resetting the mtime still moves the ctime
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("keep_mtime", [False, True])
+def test_large_objects_are_checked_by_fingerprint_and_a_byte_flip_is_caught(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep_mtime: bool) -> None:
+    monkeypatch.setattr(manifest_mod, "SMALL_OBJECT", 100)
+    store = LocalStore(tmp_path)
+    folder = _committed(store)
+    v = verify_stage(store, "r1", "vocab")
+    assert v.complete and v.rehashed == 1  # b.bin (10 bytes) re-hashed; a.bin by its fingerprint alone
+    time.sleep(0.01)
+    _flip_in_place(folder / "a.bin", keep_mtime)
+    v = verify_stage(store, "r1", "vocab")
+    assert v.problems == [f"corrupted object {store.uri}/r1/vocab/{ROOT_A}/a.bin: sha256 differs from the manifest"]
+
+
+def test_a_copied_store_is_re_hashed_once_then_cheap_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manifest_mod, "SMALL_OBJECT", 100)
+    _committed(LocalStore(tmp_path / "a"))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")  # new inodes: fingerprints no longer match
+    copy = LocalStore(tmp_path / "b")
+    first = verify_stage(copy, "r1", "vocab")
+    assert first.complete and first.rehashed == 2
+    second = verify_stage(copy, "r1", "vocab")
+    assert second.complete and second.rehashed == 1  # the fingerprint cache spares a.bin now
+    _flip_in_place(tmp_path / f"b/r1/vocab/{ROOT_A}/a.bin", keep_mtime=True)  # now with the cached fingerprint
+    assert not verify_stage(copy, "r1", "vocab").complete
+
+
+def test_schema_1_manifests_still_verify(tmp_path: Path) -> None:
+    """Runs committed before attempt folders: objects directly under the stage prefix."""
+    store = LocalStore(tmp_path)
+    store.put_bytes("r1/vocab/a.bin", b"hello")
+    legacy = {"schema_version": 1, "stage": "vocab", "run_id": "r1", "input_key": KEY_A, "code_version": "0.1.0",
+              "upstream": {}, "stats": {}, "started_at": "x", "finished_at": "y",
+              "objects": [{"key": "a.bin", "size": 5, "sha256": hashlib.sha256(b"hello").hexdigest()}]}
+    store.put_bytes("r1/vocab/manifest.json", json.dumps(legacy).encode())
+    v = verify_stage(store, "r1", "vocab", input_key=KEY_A, deep=True)
+    assert v.complete and v.manifest.manifest.object_key("a.bin") == "r1/vocab/a.bin"
+    _commit(store, KEY_B)  # the replacement sweeps the old layout's objects
+    assert store.list("r1/vocab") == [f"r1/vocab/{ROOT_B}/a.bin", "r1/vocab/manifest.json"]
 
 
 def test_content_check_runs_only_when_objects_are_intact(tmp_path: Path) -> None:
@@ -176,7 +270,7 @@ def test_unparsable_or_foreign_manifests(tmp_path: Path) -> None:
     v = verify_stage(store, "r1", "vocab")
     assert v.problems == [f"manifest {store.uri}/r1/vocab/manifest.json does not parse"]
     (tmp_path / "r1/vocab/manifest.json").write_text(json.dumps({**raw, "schema_version": 99}))
-    assert "schema version 99, expected 1" in verify_stage(store, "r1", "vocab").reason
+    assert "schema version 99, expected 2" in verify_stage(store, "r1", "vocab").reason
     (tmp_path / "r1/vocab/manifest.json").write_text(json.dumps({**raw, "stage": "train"}))
     assert verify_stage(store, "r1", "vocab").reason == "manifest at r1/vocab names r1/train"
 
@@ -185,14 +279,14 @@ def test_reserved_names_and_drop(tmp_path: Path) -> None:
     store = open_store(f"file://{tmp_path}")
     out = StageOutput(store, "r1", "train", KEY_A, {})
     out.begin()
-    for name in ("manifest.json", "_attempt.json", "_journal/x.json"):
+    for name in ("manifest.json", "_attempt.json", "_journal/x.json", "_verified.json"):
         with pytest.raises(ManifestError, match="reserved"):
             out.put_bytes(name, b"x")
     out.put_bytes("part-0.bin", b"x")
     out.put_bytes("final.bin", b"xy")
     out.drop("part-0.bin")
     m = out.commit({}).manifest
-    assert m.keys() == ["final.bin"] and not store.exists("r1/train/part-0.bin")
+    assert m.keys() == ["final.bin"] and not store.exists(f"r1/train/{ROOT_A}/part-0.bin")
 
 
 @pytest.mark.s3
@@ -210,4 +304,18 @@ def test_resume_on_s3(s3_store_uri: str) -> None:
         again.adopt(name)
     again.commit({})
     assert verify_stage(store, "r1", "extract", input_key=KEY_A, deep=True).complete
-    assert store.list("r1/extract") == ["r1/extract/manifest.json", "r1/extract/shards/0.bin", "r1/extract/shards/1.bin"]
+    assert store.list("r1/extract") == [f"r1/extract/{ROOT_A}/shards/0.bin", f"r1/extract/{ROOT_A}/shards/1.bin",
+                                        "r1/extract/manifest.json"]
+
+
+@pytest.mark.s3
+def test_s3_same_size_rewrite_is_caught_by_its_etag(s3_store_uri: str, moto_s3, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manifest_mod, "SMALL_OBJECT", 100)
+    store = open_store(s3_store_uri)
+    _commit(store, KEY_A, {"a.bin": b"a" * 1000})
+    v = verify_stage(store, "r1", "vocab")
+    assert v.complete and v.rehashed == 0  # one LIST: size and ETag, nothing read back
+    raw = f"{s3_store_uri.split('/', 3)[3]}/r1/vocab/{ROOT_A}/a.bin"
+    moto_s3.client().put_object(Bucket=moto_s3.bucket, Key=raw, Body=b"a" * 999 + b"X")
+    assert verify_stage(store, "r1", "vocab").problems == [
+        f"corrupted object {s3_store_uri}/r1/vocab/{ROOT_A}/a.bin: sha256 differs from the manifest"]

@@ -43,7 +43,7 @@ def verify(
     from eagle3.verify import verify_run
 
     cfg = config_from(config, run_id, store)
-    ok = verify_run(cfg, stage or None, deep=deep, echo=typer.echo)
+    ok = verify_run(cfg, stage or None, deep=deep, echo=typer.echo, config_given=config is not None)
     if not ok:
         raise typer.Exit(1)
 

@@ -10,9 +10,9 @@ from typing import Annotated, Any, Callable, Optional, TypeVar
 
 import typer
 
-from eagle3.config import PipelineConfig, load_config
+from eagle3.config import PipelineConfig, derived_run_id, load_config
 from eagle3.cli.launch import record_exit_code
-from eagle3.errors import Eagle3Error
+from eagle3.errors import ConfigError, Eagle3Error
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Pipeline config (YAML).")]
 RunIdOpt = Annotated[Optional[str], typer.Option("--run-id", help="Run id (overrides the config).")]
@@ -22,8 +22,20 @@ BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="local or k
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def config_from(config: Path | None, run_id: str | None = None, store: str | None = None, backend: str | None = None) -> PipelineConfig:
-    return load_config(config, {"run_id": run_id, "store.uri": store, "backend": backend})
+def config_from(config: Path | None, run_id: str | None = None, store: str | None = None, backend: str | None = None,
+                extra: dict[str, Any] | None = None) -> PipelineConfig:
+    """The config of the command: ``-c`` (or, for a run already in the store, ``--run-id``) is required,
+    so leaving it out never silently runs or reports a default run."""
+    if config is None and run_id is None and not os.environ.get("EAGLE3_RUN_ID"):
+        raise ConfigError("no config: pass -c CONFIG (`eagle3ctl init` writes one), or --run-id ID for a run in the store")
+    return load_config(config, {"run_id": run_id, "store.uri": store, "backend": backend, **(extra or {})})
+
+
+def announce_run_id(config: Path | None, cfg: PipelineConfig) -> str | None:
+    """A line naming a run id derived from the config file (None when the run was named)."""
+    if config is not None and cfg.run_id == derived_run_id(config):
+        return f"run {cfg.run_id} (named after {config}; set run_id in it to choose a name)"
+    return None
 
 
 def fail(message: str, code: int = 1) -> None:

@@ -54,14 +54,15 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
 ) -> None:
     """Print the log of the stage's latest attempt."""
+    from eagle3.context import open_run_store
     from eagle3.pipeline.runner import open_backend
-    from eagle3.pipeline.runstate import RunState, run_dir
+    from eagle3.pipeline.runstate import RunState
     from eagle3.stages import get_stage
 
     if stage != "serve":
         get_stage(stage)
     cfg = config_from(config, run_id, store, backend)
-    b = open_backend(cfg, RunState(run_dir(cfg.run_id)))
+    b = open_backend(cfg, RunState(open_run_store(cfg), cfg.run_id))
     lines = b.logs(stage, tail=tail or None)
     if not lines and not follow:
         typer.echo(f"no log for {stage} in run {cfg.run_id} yet", err=True)

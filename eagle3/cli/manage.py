@@ -47,11 +47,12 @@ def down(
     backend: BackendOpt = None,
 ) -> None:
     """Stop whatever the run started (server, stages); the store is left as it is."""
+    from eagle3.context import open_run_store
     from eagle3.pipeline.runner import open_backend
-    from eagle3.pipeline.runstate import RunState, run_dir
+    from eagle3.pipeline.runstate import RunState
 
     cfg = config_from(config, run_id, store, backend)
-    removed = open_backend(cfg, RunState(run_dir(cfg.run_id))).down()
+    removed = open_backend(cfg, RunState(open_run_store(cfg), cfg.run_id)).down()
     for what in removed:
         typer.echo(f"stopped {what}")
     if not removed:

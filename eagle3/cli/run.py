@@ -24,6 +24,14 @@ def _finish(run: object) -> None:
         raise typer.Exit(1)
 
 
+def _announce(config: Path | None, cfg: object) -> None:
+    from eagle3.cli.common import announce_run_id
+
+    line = announce_run_id(config, cfg)  # type: ignore[arg-type]
+    if line:
+        typer.echo(line)
+
+
 @app.command("pipeline")
 @one_line_errors
 def pipeline(
@@ -40,6 +48,7 @@ def pipeline(
     from eagle3.pipeline.scheduler import Selection
 
     cfg = config_from(config, run_id, store, backend)
+    _announce(config, cfg)
     _finish(run_pipeline(cfg, Selection(start=start, until=until, force=tuple(force or ())), typer.echo))
 
 
@@ -58,6 +67,7 @@ def stage(
     from eagle3.pipeline.scheduler import Selection
 
     cfg = config_from(config, run_id, store, backend)
+    _announce(config, cfg)
     _finish(run_pipeline(cfg, Selection(only=(name,), force=(name,) if force else ()), typer.echo))
 
 

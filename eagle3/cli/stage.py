@@ -29,7 +29,15 @@ def stage(
     """Run stage NAME unless its manifest is complete for the same input key."""
     from eagle3.context import rank, run_stage
 
+    from eagle3.errors import ConfigError
+    from eagle3.serve.settings import check_endpoint_url
+
     cfg = config_from(config, run_id, store)
+    if endpoint is not None:
+        try:
+            endpoint = check_endpoint_url(endpoint)
+        except ValueError as e:
+            raise ConfigError(f"--endpoint: {e}") from None
     stats = run_stage(cfg, name, force=force, endpoint=endpoint or cfg.serve.endpoint)
     if stats is not None and rank() == 0:  # under torchrun only rank 0 commits
         typer.echo(f"stage {name}: committed", err=True)

@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file, save_file
@@ -28,8 +24,8 @@ from eagle3.data.prompts import Prompt, load_prompts
 from eagle3.data.samples import build_samples, merge_records, outcome_record, token_frequencies
 from eagle3.data.tokenized import TOKENIZED, read_tokenized, write_tokenized
 from eagle3.errors import StageError
-from eagle3.manifest import Manifest, stage_prefix
-from eagle3.store import ObjectStore
+from eagle3.manifest import Manifest
+from eagle3.store import ObjectStore, local_copy
 from eagle3.targets.load import check_vocab, load_target_config, load_tokenizer, served_model_name
 
 RAW = "raw_responses.jsonl"
@@ -185,7 +181,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:
     """Content checks: JSONL parses, counts agree, token ids < vocab, frequencies match the masks."""
-    prefix = stage_prefix(manifest.run_id, manifest.stage)
+    prefix = manifest.prefix
     problems: list[str] = []
     try:
         meta = json.loads(store.get_bytes(f"{prefix}/{METADATA}"))
@@ -198,13 +194,13 @@ def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:
         problems.append(f"{prefix}/{RAW} has {len(records)} records, metadata says {meta.get('requested')} requested")
     if len({r["id"] for r in records}) != len(records):
         problems.append(f"{prefix}/{RAW} repeats sample ids")
-    with _local(store, f"{prefix}/{TOKENIZED}") as path:
+    with local_copy(store, f"{prefix}/{TOKENIZED}") as path:
         data = read_tokenized(path)
     problems += [f"{prefix}/{TOKENIZED}: {p}" for p in data.validate(vocab)]
     if sorted(data.sample_ids.tolist()) != kept_ids or len(data) != meta.get("kept"):
         problems.append(f"{prefix}/{TOKENIZED} holds {len(data)} samples; {RAW} keeps {len(kept_ids)}, "
                         f"metadata says {meta.get('kept')}")
-    with _local(store, f"{prefix}/{TOKEN_FREQ}") as path:
+    with local_copy(store, f"{prefix}/{TOKEN_FREQ}") as path:
         counts = load_file(str(path)).get("counts")
     if counts is None or counts.numel() != vocab:
         problems.append(f"{prefix}/{TOKEN_FREQ}: counts length {None if counts is None else counts.numel()} != "
@@ -214,13 +210,3 @@ def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:
                         f"{int(data.loss_mask.sum())}")
     return problems
 
-
-@contextmanager
-def _local(store: ObjectStore, key: str) -> Iterator[Path]:
-    """A local path to an object for the duration of a block (downloaded for remote stores)."""
-    path = store.local_path(key)
-    if path is not None:
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="eagle3-check-") as tmp:
-        yield store.get_file(key, Path(tmp) / Path(key).name)

@@ -256,7 +256,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:
-    prefix = f"{manifest.run_id}/evaluate"
+    prefix = manifest.prefix
     try:
         report = json.loads(store.get_bytes(f"{prefix}/{REPORT}"))
     except ValueError:

@@ -26,8 +26,8 @@ from eagle3.drafter.model import DrafterConfig
 from eagle3.errors import ConfigError, StageError
 from eagle3.export.vllm_config import ARCHITECTURE, build_vllm_config
 from eagle3.extract.shards import INDEX
-from eagle3.manifest import Manifest
-from eagle3.store import ObjectStore
+from eagle3.manifest import Manifest, committed_key
+from eagle3.store import ObjectStore, local_copy
 from eagle3.targets.aux_layers import to_sglang
 from eagle3.vocab.mapping import load_vocab_mapping, validate_vocab_mapping
 
@@ -158,18 +158,15 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:
-    import tempfile
-
-    prefix = f"{manifest.run_id}/export"
+    prefix = manifest.prefix
     try:
         config = json.loads(store.get_bytes(f"{prefix}/{CONFIG}"))
     except ValueError:
         return [f"export/{CONFIG} does not parse"]
-    local = store.local_path(f"{prefix}/{MODEL}")
-    if local is None:
-        local = store.get_file(f"{prefix}/{MODEL}", Path(tempfile.mkdtemp()) / MODEL)
+    with local_copy(store, f"{prefix}/{MODEL}") as local:
+        meta = tensor_meta(local)
     aux = None
-    key = f"{manifest.run_id}/extract/{INDEX}"
-    if store.exists(key):
+    key = committed_key(store, manifest.run_id, "extract", INDEX)
+    if key is not None:
         aux = json.loads(store.get_bytes(key)).get("aux_layer_ids")
-    return check_export(config, tensor_meta(local), aux)
+    return check_export(config, meta, aux)

@@ -27,8 +27,8 @@ from eagle3.extract.run import HostStaging, ShardStats, extract_shard
 from eagle3.extract.shards import INDEX, SHARD_DIR, STORAGE_DTYPES, TARGET_HEAD, read_shard, shard_name
 from eagle3.extract.writer import ShardWriter
 from eagle3.extract.parallel import Ranks, my_share
-from eagle3.manifest import Manifest, ObjectEntry, ObjectWriter
-from eagle3.store import ObjectStore
+from eagle3.manifest import Manifest, ObjectEntry, committed_key
+from eagle3.store import ObjectStore, local_copy
 from eagle3.targets.aux_layers import resolve_aux_layer_ids
 
 
@@ -62,7 +62,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     ranks = Ranks.from_env()
     ranks.join()
     out = ctx.output  # rank 0: begins, includes every rank's shards, commits
-    writer = out if out is not None else ObjectWriter(ctx.store, ctx.cfg.run_id, "extract")
+    writer = ctx.object_writer()
     data = read_tokenized(ctx.upstream_path("generate", TOKENIZED))
     if len(data) == 0:
         raise StageError("generate produced no tokenized samples: nothing to extract")
@@ -164,7 +164,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:
     """Every shard's tensors agree; the index covers generate's samples; aux ids resolve."""
-    prefix = f"{manifest.run_id}/extract"
+    prefix = manifest.prefix
     problems: list[str] = []
     try:
         index = json.loads(store.get_bytes(f"{prefix}/{INDEX}"))
@@ -178,14 +178,8 @@ def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:
         if name not in manifest.keys(SHARD_DIR + "/"):
             problems.append(f"index lists {name}, the manifest does not")
             continue
-        local = store.local_path(f"{prefix}/{name}")
-        if local is None:
-            import tempfile
-            from pathlib import Path
-
-            local = Path(tempfile.mkdtemp()) / "shard.safetensors"
-            store.get_file(f"{prefix}/{name}", local)
-        shard = read_shard(local)
+        with local_copy(store, f"{prefix}/{name}") as local:
+            shard = read_shard(local)
         problems += [f"{name}: {p}" for p in shard.validate(hidden)]
         if shard.num_tokens != entry["num_tokens"] or shard.num_samples != entry["num_samples"]:
             problems.append(f"{name}: holds {shard.num_samples} samples / {shard.num_tokens} tokens, index says "
@@ -221,9 +215,9 @@ def _generate_samples(store: ObjectStore, manifest: Manifest) -> int | None:
     from eagle3.manifest import read_manifest
 
     gen = read_manifest(store, manifest.run_id, "generate")
-    if gen is None:
+    key = committed_key(store, manifest.run_id, "generate", TOKENIZED)
+    if gen is None or key is None:
         return None
-    key = f"{manifest.run_id}/generate/{TOKENIZED}"
     local = store.local_path(key)
     if local is None or not local.exists():
         return gen.manifest.stats.get("samples")

@@ -81,7 +81,7 @@ class KubernetesBackend(Backend):
     # -- serve
     def serve_url(self) -> str:
         svc = next(o for o in self._of_kind("Service") if o["metadata"]["labels"].get("eagle3.io/stage") == "serve")
-        return f"http://{svc['metadata']['name']}.{self.namespace}.svc:{self.cfg.serve.port}/v1"
+        return f"http://{svc['metadata']['name']}.{self.namespace}.svc:{self.cfg.serve.port or 8000}/v1"
 
     def start_serve(self) -> str:
         self._prepare()

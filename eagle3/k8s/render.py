@@ -47,7 +47,7 @@ def serve_command(cfg: PipelineConfig) -> list[str]:
         if cfg.serve.tensor_parallel_size > max(k8s.gpus_per_node, 1):
             raise ConfigError(f"serve.tensor_parallel_size={cfg.serve.tensor_parallel_size} exceeds "
                               f"kubernetes.gpus_per_node={k8s.gpus_per_node}")
-        serve = cfg.serve.model_copy(update={"host": "0.0.0.0"})
+        serve = cfg.serve.model_copy(update={"host": "0.0.0.0", "port": cfg.serve.port or 8000})
         return vllm_command(serve, cfg.target, cfg.target.model) + list(k8s.vllm_args)
     # Built-in targets are built first, and the CPU stand-in is `transformers serve`.
     return ["python", "-m", "eagle3.k8s.serve", "-c", CONFIG_PATH]
@@ -104,7 +104,7 @@ def values_from_config(cfg: PipelineConfig) -> dict[str, Any]:
                        "storageClass": k8s.model_cache_storage_class or "",
                        "accessMode": k8s.model_cache_access_mode, "mountPath": MODEL_CACHE_MOUNT},
         "store": _store_mount(cfg),
-        "serve": {"enabled": cfg.serve.endpoint is None, "command": serve_command(cfg), "port": cfg.serve.port,
+        "serve": {"enabled": cfg.serve.endpoint is None, "command": serve_command(cfg), "port": cfg.serve.port or 8000,
                   "startupFailureThreshold": k8s.startup_failure_threshold,
                   "terminationGracePeriodSeconds": k8s.termination_grace_s},
         "jobs": {"backoffLimit": k8s.backoff_limit, "ttlSecondsAfterFinished": k8s.ttl_s,

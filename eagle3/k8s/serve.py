@@ -21,7 +21,7 @@ def server_argv(config_path: str) -> tuple[list[str], dict[str, str]]:
     from eagle3.targets.load import resolve_target
 
     cfg = load_config(config_path)
-    serve = cfg.serve.model_copy(update={"host": "0.0.0.0"})
+    serve = cfg.serve.model_copy(update={"host": "0.0.0.0", "port": cfg.serve.port or 8000})
     if serve_engine(cfg) == "vllm":
         from eagle3.serve.vllm import vllm_command
 

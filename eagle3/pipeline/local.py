@@ -5,8 +5,10 @@ entrypoint the images run, in its own process group, its output in
 ``.eagle3/runs/<run_id>/logs/<stage>.log`` (earlier attempts kept as
 ``<stage>.attempt-N.log``). The config file is the fully resolved config (CLI overrides
 included), so every child sees exactly what the scheduler saw. The server is
-``transformers serve`` (vLLM when installed and a GPU is present). Process ids go to
-``state.json`` so ``status``, ``logs`` and ``down`` work from another shell.
+``transformers serve`` (vLLM when installed and a GPU is present), on a free port unless
+``serve.port`` names one. Process ids, their host and command lines go to the run's state
+record in the store, so ``status``, ``logs`` and ``down`` work from any shell and directory,
+and the run that takes over a killed one's lease stops what it left running.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from eagle3.config import PipelineConfig
 from eagle3.context import PROGRESS_TAG
 from eagle3.errors import StageError
 from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
-from eagle3.pipeline.runstate import RunState, pid_alive
+from eagle3.pipeline.lease import hostname, live_holder, pid_alive
+from eagle3.pipeline.runstate import RunState
 from eagle3.processes import processes_per_node
-from eagle3.serve.process import ServerProcess, group_alive, last_line, proc_cmdline, stop_process_group
+from eagle3.serve.process import (ServerProcess, group_alive, last_line, proc_cmdline, stop_process_group,
+                                  tagged_groups)
 from eagle3.serve.vllm import choose_engine, gpu_count, vllm_command
 
 CANCEL_GRACE_S = 30.0  # train checkpoints on SIGTERM; give it time
@@ -54,16 +58,26 @@ def write_resolved_config(cfg: PipelineConfig, path: Path) -> Path:
     return path
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+RUN_TAG = "EAGLE3_RUN_TAG"  # in every child's environment: finds strays the state record missed
+
+
+def run_tag(run_id: str, store_uri: str) -> str:
+    """``<run_id>@<store URI>``, the URI as the opened store spells it (file:// paths absolute)."""
+    return f"{run_id}@{store_uri}"
+
+
+def child_env(extra: dict[str, str] | None = None, tag: str | None = None) -> dict[str, str]:
     """The parent's environment minus EAGLE3_* config overrides (already in the resolved config:
-    env outranks the YAML in a child, and would undo a CLI flag)."""
+    env outranks the YAML in a child, and would undo a CLI flag), plus the run's tag."""
     from eagle3.config import PipelineConfig
 
     fields = {f.upper() for f in PipelineConfig.model_fields}
     env = {k: v for k, v in os.environ.items()
-           if not (k.startswith("EAGLE3_") and k[7:].split("__")[0] in fields)}
+           if not (k.startswith("EAGLE3_") and k[7:].split("__")[0] in fields) and k != RUN_TAG}
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if tag is not None:
+        env[RUN_TAG] = tag
     return {**env, **(extra or {})}
 
 
@@ -99,6 +113,7 @@ class LocalBackend(Backend):
         self._attempts: dict[str, _Attempt] = {}
         self._server: ServerProcess | None = None
         self._gpus: int | None = None
+        self.tag = run_tag(cfg.run_id, state.store.uri)
 
     # -- stages ----------------------------------------------------------------------
 
@@ -135,7 +150,7 @@ class LocalBackend(Backend):
             f.write(f"$ {' '.join(cmd)}\n".encode())
             f.flush()
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=child_env(), start_new_session=True)
+                                    env=child_env(tag=self.tag), start_new_session=True)
         self._attempts[stage] = _Attempt(proc, log)
         self.state.update("stages", stage, pid=proc.pid, cmd=" ".join(cmd), log=str(log))
         return StageHandle(stage, ref=str(proc.pid), started_at=time.time(), extra={"pgid": proc.pid, "log": str(log)})
@@ -195,6 +210,9 @@ class LocalBackend(Backend):
             stop_process_group(a.proc.pid, self.cancel_grace_s, a.proc)
 
     def logs(self, stage: str, follow: bool = False, tail: int | None = None) -> list[str]:
+        host = self.state.data.get("host")
+        if host and host != hostname():
+            raise StageError(f"run {self.cfg.run_id} ran on {host}: its logs are there, in {self.logs_dir}")
         log = self.logs_dir / f"{stage}.log"
         try:
             lines = log.read_text(errors="replace").splitlines()
@@ -206,8 +224,11 @@ class LocalBackend(Backend):
 
     def start_serve(self) -> str:
         serve, target = self.cfg.serve, self.cfg.target
+        if serve.port is None:  # not configured: a free one, so runs side by side never clash
+            serve = serve.model_copy(update={"port": free_port(serve.host)})
         engine = choose_engine(serve)
         log = self.logs_dir / "serve.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
         rotate_log(log)
         if port_in_use(_client_host(serve.host), serve.port):
             # Another server there would answer /v1/models in place of ours and hold the GPUs.
@@ -226,10 +247,11 @@ class LocalBackend(Backend):
             hf_logging.disable_progress_bar()  # a builtin target is built here: no bars over the live table
             sc = transformers_serve_command(target, serve, device="auto")
             cmd, env, base_url = sc.argv, sc.env, sc.base_url
-        self._server = ServerProcess(cmd, base_url, log, env=child_env(env),
+        self._server = ServerProcess(cmd, base_url, log, env=child_env(env, tag=self.tag),
                                      startup_timeout_s=serve.startup_timeout_s, name=f"{engine} server")
         self._server.launch()
-        self.state.update("serve", None, pid=self._server.pid, cmd=" ".join(cmd), engine=engine, log=str(log))
+        self.state.update("serve", None, pid=self._server.pid, cmd=" ".join(cmd), engine=engine, log=str(log),
+                          port=serve.port, host=hostname())
         return self._server.wait_ready()
 
     def stop_serve(self) -> None:
@@ -240,19 +262,28 @@ class LocalBackend(Backend):
     # -- housekeeping ----------------------------------------------------------------
 
     def down(self) -> list[str]:
-        """Stop what state.json says this run started: first the scheduler of another shell (it
-        stops its own children), then any stage or server process group still alive."""
-        data = RunState.read(self.state.dir)
+        """Stop what the run's state record says it started: first the live eagle3ctl holding the
+        run's lease (it stops its own children), then any stage or server process group still
+        alive. Works from any directory on the host that ran them."""
+        store = self.state.store
         removed = []
-        sched = data.get("scheduler_pid")
-        if (sched and sched != os.getpid() and not data.get("finished") and pid_alive(sched)
-                and _ours(sched, data.get("scheduler_cmd"))):
-            os.kill(sched, signal.SIGTERM)
-            deadline = time.monotonic() + self.cancel_grace_s + 70
-            while pid_alive(sched) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            removed.append(f"eagle3ctl run (pid {sched})")
-            data = RunState.read(self.state.dir)
+        holder = live_holder(store, self.cfg.run_id)
+        if holder is not None and (holder.host, holder.pid) != (hostname(), os.getpid()):
+            if holder.host != hostname():
+                raise StageError(f"run {self.cfg.run_id} is being run by {holder.describe()}; "
+                                 f"stop it there (eagle3ctl down on {holder.host})")
+            if _ours(holder.pid, holder.cmd):
+                os.kill(holder.pid, signal.SIGTERM)
+                deadline = time.monotonic() + self.cancel_grace_s + 70
+                while pid_alive(holder.pid) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                removed.append(f"eagle3ctl run (pid {holder.pid})")
+        data = self.state.reload()
+        host = data.get("host")
+        if host and host != hostname():
+            if any(s.get("pid") for s in [*data.get("stages", {}).values(), data.get("serve", {})]):
+                raise StageError(f"run {self.cfg.run_id} last ran on {host}: its processes can only be stopped there")
+            return removed
         for name, s in sorted(data.get("stages", {}).items()):
             pid = s.get("pid")
             if pid and group_alive(pid) and _ours(pid, s.get("cmd")) and stop_process_group(pid, self.cancel_grace_s):
@@ -261,8 +292,11 @@ class LocalBackend(Backend):
         pid = serve.get("pid")
         if pid and group_alive(pid) and _ours(pid, serve.get("cmd")) and stop_process_group(pid, 60.0):
             removed.append(f"serve (process group {pid})")
+        # Strays the record never named (killed between a process's start and its record): by tag.
+        for pgid in tagged_groups(RUN_TAG, self.tag):
+            if pgid != os.getpgrp() and stop_process_group(pgid, self.cancel_grace_s):
+                removed.append(f"process group {pgid} (tagged with run {self.cfg.run_id})")
         if data.get("serve", {}).get("pid"):
-            self.state.data = RunState.read(self.state.dir) or self.state.data
             self.state.update("serve", None, pid=None)
         return removed
 
@@ -270,6 +304,13 @@ class LocalBackend(Backend):
         if self._gpus is None:
             self._gpus = gpu_count()
         return self._gpus
+
+
+def free_port(host: str) -> int:
+    """A port nothing listens on now (the kernel's pick); the server binds it moments later."""
+    with socket.socket() as s:
+        s.bind((_client_host(host), 0))
+        return s.getsockname()[1]
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 from eagle3.config import PipelineConfig
 from eagle3.context import open_run_store
-from eagle3.manifest import verify_stage
+from eagle3.manifest import read_manifest, verify_stage
 from eagle3.pipeline.runstate import run_dir
 from eagle3.stages import ORDER, STAGES
 from eagle3.store import ObjectStore
@@ -38,8 +38,10 @@ class StageSummary:
 def drafter_location(cfg: PipelineConfig, store: ObjectStore | None = None) -> str:
     """Where the exported drafter lives: a local folder for file://, else the store URI."""
     store = store or open_run_store(cfg)
-    local = store.local_path(f"{cfg.run_id}/export/config.json")
-    return str(local.parent) if local is not None else f"{store.uri}/{cfg.run_id}/export/"
+    loaded = read_manifest(store, cfg.run_id, "export")
+    prefix = loaded.manifest.prefix if loaded else f"{cfg.run_id}/export"
+    local = store.local_path(f"{prefix}/config.json")
+    return str(local.parent) if local is not None else f"{store.uri}/{prefix}/"
 
 
 def _fmt(v: Any) -> str:
@@ -63,7 +65,7 @@ def collect(cfg: PipelineConfig, out_dir: Path) -> list[StageSummary]:
         s = StageSummary(name, True, "complete", m.stats, m.finished_at)
         if name in PLOTS and PLOTS[name][0] in m.keys():
             s.plot = out_dir / f"{name}-{PLOTS[name][0]}"
-            s.plot.write_bytes(store.get_bytes(f"{cfg.run_id}/{name}/{PLOTS[name][0]}"))
+            s.plot.write_bytes(store.get_bytes(m.object_key(PLOTS[name][0])))
         out.append(s)
     return out
 
@@ -73,7 +75,7 @@ def _evaluation(cfg: PipelineConfig) -> dict[str, Any] | None:
     v = verify_stage(store, cfg.run_id, "evaluate")
     if not v.complete or v.manifest is None or "report.json" not in v.manifest.manifest.keys():
         return None
-    return json.loads(store.get_bytes(f"{cfg.run_id}/evaluate/report.json"))
+    return json.loads(store.get_bytes(v.manifest.manifest.object_key("report.json")))
 
 
 def _rates_table(rates: Any) -> list[str]:
@@ -155,6 +157,9 @@ def _inline(text: str) -> str:
 
 def build_report(cfg: PipelineConfig, out_dir: Path | None = None, html: bool = False) -> Path:
     """Write the report (report.md or report.html) and its plots; return its path."""
+    from eagle3.pipeline.status import require_run
+
+    require_run(open_run_store(cfg), cfg.run_id)
     out_dir = out_dir or run_dir(cfg.run_id) / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     md = to_markdown(cfg, collect(cfg, out_dir), _evaluation(cfg))

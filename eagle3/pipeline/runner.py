@@ -1,12 +1,16 @@
-"""``eagle3ctl run``: check everything that can be checked, then run the scheduler.
+"""``eagle3ctl run``: hold the run, check everything that can be checked, then run the scheduler.
 
-Config errors, unknown stage names, missing store credentials and an unusable backend
-are reported before anything starts. SIGTERM is handled like Ctrl-C: every child is
-stopped cleanly and the next run resumes.
+The run is held through its lease in the store (``eagle3.pipeline.lease``): a second
+``eagle3ctl`` on any machine is refused while the first lives, and takes over when it is
+gone, stopping what it left running. Config errors, unknown stage names, missing store
+credentials, an unusable backend and settings that a stage to run would fail on (the whole
+DAG's preflight) are reported before anything starts. SIGTERM is handled like Ctrl-C:
+every child is stopped cleanly and the next run resumes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -20,8 +24,13 @@ from eagle3.context import open_run_store
 from eagle3.errors import ConfigError, Eagle3Error
 from eagle3.pipeline.backend import Backend
 from eagle3.pipeline.live import LiveView, make_view
-from eagle3.pipeline.runstate import RunState, pid_alive, run_dir
+from eagle3.inputs import record_digests
+from eagle3.pipeline.lease import Lease, hostname
+from eagle3.pipeline.preflight import check_run, stages_to_run
+from eagle3.pipeline.runstate import RunState, run_dir
 from eagle3.pipeline.scheduler import RunResult, Scheduler, Selection
+
+RUN_CONFIG = "_run/config.json"  # the resolved config of the run's latest attempt (verify without -c)
 
 
 def open_backend(cfg: PipelineConfig, state: RunState) -> Backend:
@@ -37,58 +46,38 @@ def open_backend(cfg: PipelineConfig, state: RunState) -> Backend:
     return KubernetesBackend(cfg, state)  # type: ignore[call-arg]
 
 
-def preflight(cfg: PipelineConfig, selection: Selection) -> None:
-    """Everything that can fail before a process starts: stage names, store access, serve engine."""
-    selection.stages()
-    open_run_store(cfg)  # s3://: raises StoreError naming missing credentials or bucket
+def check_engine(cfg: PipelineConfig) -> None:
+    """A serve engine that cannot start here is a config error, before anything starts."""
     if cfg.backend == "local" and cfg.serve.engine == "vllm" and not cfg.serve.endpoint:
         from eagle3.serve.vllm import vllm_installed
 
         if not vllm_installed():
             raise ConfigError("serve.engine is 'vllm' but vLLM is not installed here; use engine: auto or transformers")
-    if cfg.backend == "local":
-        _check_local_inputs(cfg, selection)
 
 
-def _check_local_inputs(cfg: PipelineConfig, selection: Selection) -> None:
-    """Prompt files named by local path must exist, where the stage reading them is still to run."""
-    from pathlib import Path
-
-    from eagle3.context import stage_input_key
-    from eagle3.manifest import verify_stage
-    from eagle3.stages import STAGES
-
-    store = open_run_store(cfg)
-    selected = selection.stages()
-    for stage, field, value in (("generate", "generate.prompts", cfg.generate.prompts),
-                                ("evaluate", "evaluate.prompts", cfg.evaluate.prompts)):
-        if value is None or value.startswith(("builtin:", "s3://")) or stage not in selected:
-            continue
-        if Path(value).expanduser().exists():
-            continue
-        if stage == "generate" and stage not in selection.force:
-            key = stage_input_key(cfg, STAGES[stage], {})
-            if verify_stage(store, cfg.run_id, stage, input_key=key).complete:
-                continue
-        raise ConfigError(f"{field}: file not found: {value}")
+def stop_orphans(cfg: PipelineConfig, backend: Backend, state: RunState, echo: Callable[[str], None]) -> None:
+    """Stop what an earlier, killed eagle3ctl of this run left running (its stages run in their own
+    process groups, so they outlive it), found from the run's state record, from any directory."""
+    if cfg.backend != "local":
+        return  # Kubernetes: Jobs of the same input key are attached to, not stopped
+    host = state.data.get("host")
+    if host and host != hostname():
+        if not state.data.get("finished", True):
+            echo(f"warning: run {cfg.run_id} last ran on {host}; what it started there cannot be checked from here")
+        return
+    for what in backend.down():
+        echo(f"stopped {what}, left running by an earlier attempt")
 
 
-def claim_run(cfg: PipelineConfig, backend: Backend, state: RunState, echo: Callable[[str], None]) -> None:
-    """Refuse a second scheduler for the same run; stop processes an earlier, killed one left behind
-    (stages run in their own process groups, so they outlive a SIGKILLed scheduler)."""
-    previous = state.data.get("scheduler_pid")
-    if previous and previous != os.getpid() and pid_alive(previous) and not state.data.get("finished", True):
-        raise ConfigError(f"run {cfg.run_id} is already running (eagle3ctl pid {previous}); "
-                          f"wait for it or stop it with `eagle3ctl down`")
-    if cfg.backend == "local":
-        for what in backend.down():
-            echo(f"stopped {what}, left running by an earlier attempt")
-    state.data["stages"], state.data["serve"] = {}, {}
+def start_record(cfg: PipelineConfig, state: RunState) -> None:
+    """The run's state record for this attempt: who runs it, where its logs are."""
     from eagle3.serve.process import proc_cmdline
 
-    state.set(run_id=cfg.run_id, backend=cfg.backend, scheduler_pid=os.getpid(),
-              scheduler_cmd=proc_cmdline(os.getpid()), started_at=time.time(),
+    state.data["stages"], state.data["serve"] = {}, {}
+    state.set(run_id=cfg.run_id, backend=cfg.backend, host=hostname(), local_dir=str(state.dir),
+              scheduler_pid=os.getpid(), scheduler_cmd=proc_cmdline(os.getpid()), started_at=time.time(),
               finished=False, ended_at=None, outcome=None)
+    state.store.put_bytes(f"{cfg.run_id}/{RUN_CONFIG}", json.dumps(cfg.model_dump(mode="json"), indent=2).encode())
 
 
 @contextmanager
@@ -121,23 +110,35 @@ class PipelineRun:
 
 def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str], None],
                  tty: bool | None = None, poll_interval: float = 0.5) -> PipelineRun:
-    preflight(cfg, selection)
-    store = open_run_store(cfg)
-    state = RunState(run_dir(cfg.run_id))
-    backend = open_backend(cfg, state)
-    claim_run(cfg, backend, state, echo)
-    view = make_view(echo, tty)
-    sched = Scheduler(cfg, backend, store, selection, state=state, on_change=view.on_change,
-                      poll_interval=poll_interval)
+    """Take the run's lease, stop a killed predecessor's leftovers, check the whole DAG, then schedule."""
+    from eagle3.serve.process import proc_cmdline
+
+    selected = selection.stages()
+    check_engine(cfg)
+    store = open_run_store(cfg)  # s3://: raises StoreError naming missing credentials or bucket
+    lease = Lease(store, cfg.run_id, cfg.lease_ttl_s, cmd=proc_cmdline(os.getpid()) or "", echo=echo)
+    lease.acquire()
     try:
-        with sigterm_as_interrupt(), view:
-            result = sched.run()
-    except Eagle3Error:
-        state.set(finished=True, ended_at=time.time(), outcome="error")
-        raise
-    outcome = "interrupted" if result.interrupted else ("ok" if result.ok else "failed")
-    state.set(finished=True, ended_at=time.time(), outcome=outcome)
-    return PipelineRun(cfg, result, state, str(state.dir / "logs"), tty=isinstance(view, LiveView))
+        state = RunState(store, cfg.run_id, run_dir(cfg.run_id))
+        backend = open_backend(cfg, state)
+        stop_orphans(cfg, backend, state, echo)
+        check_run(cfg, stages_to_run(cfg, store, selected, selection.force), echo)
+        record_digests(store, cfg)
+        start_record(cfg, state)
+        view = make_view(echo, tty)
+        sched = Scheduler(cfg, backend, store, selection, state=state, on_change=view.on_change,
+                          poll_interval=poll_interval, lease=lease)
+        try:
+            with sigterm_as_interrupt(), view:
+                result = sched.run()
+        except Eagle3Error:
+            state.set(finished=True, ended_at=time.time(), outcome="error")
+            raise
+        outcome = "interrupted" if result.interrupted else ("ok" if result.ok else "failed")
+        state.set(finished=True, ended_at=time.time(), outcome=outcome)
+        return PipelineRun(cfg, result, state, str(state.dir / "logs"), tty=isinstance(view, LiveView))
+    finally:
+        lease.release()
 
 
 def summary_lines(run: PipelineRun) -> list[str]:

@@ -1,44 +1,63 @@
-"""``.eagle3/runs/<run_id>/state.json``: what a run started and how each stage went.
+"""``<run_id>/_run/state.json`` in the store: what a run started and how each stage went.
 
-Written by the scheduler (stage states, start/end times, handles) and the local backend
-(process ids of stages and of the server), read by ``status``, ``logs`` and ``down``
-from another shell. Writes are atomic (temp file + rename) so a reader never sees half.
+Written by the lease holder only (the scheduler's stage states, start/end times, handles;
+the local backend's process ids, their host and command lines), read by ``status``,
+``logs`` and ``down`` from any shell in any directory, and by the next run that takes
+over a stale lease, to stop what a killed ``eagle3ctl`` left running. Each save is one
+atomic object write, so a reader never sees half.
+
+The run's local folder (``local_dir``: logs, the resolved config) stays on the machine that
+runs it, under the working directory it was started from; its absolute path is recorded
+here, so ``logs`` finds it from anywhere on that host.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
+from eagle3.errors import StoreError
+from eagle3.store import ObjectStore
+
+STATE = "_run/state.json"
 STATE_ROOT = Path(".eagle3") / "runs"
 
 
 def run_dir(run_id: str, root: Path | None = None) -> Path:
-    """The run's local state folder (logs, resolved config, state.json), under the working directory."""
-    return (root or STATE_ROOT) / run_id
+    """Where a run started from this working directory keeps its logs and resolved config."""
+    return ((root or STATE_ROOT) / run_id).resolve()
+
+
+def read_state(store: ObjectStore, run_id: str) -> dict[str, Any]:
+    """The last saved state of a run, or {} when none was saved (or it is unreadable)."""
+    key = f"{run_id}/{STATE}"
+    try:
+        return json.loads(store.get_bytes(key)) if store.exists(key) else {}
+    except (ValueError, StoreError):
+        return {}
 
 
 class RunState:
     """A small JSON document shared by the scheduler and the backend of one process."""
 
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.path = directory / "state.json"
+    def __init__(self, store: ObjectStore, run_id: str, local_dir: Path | None = None) -> None:
+        self.store, self.run_id = store, run_id
+        self.key = f"{run_id}/{STATE}"
         self._lock = threading.RLock()
-        self.data: dict[str, Any] = self.read(directory)
+        self.data: dict[str, Any] = read_state(store, run_id)
         self.data.setdefault("stages", {})
         self.data.setdefault("serve", {})
+        recorded = self.data.get("local_dir")
+        self.dir = local_dir.resolve() if local_dir is not None else Path(recorded) if recorded else run_dir(run_id)
 
-    @staticmethod
-    def read(directory: Path) -> dict[str, Any]:
-        """The last saved state of a run, or {} when it never ran here (or the file is unreadable)."""
-        try:
-            return json.loads((directory / "state.json").read_text())
-        except (OSError, ValueError):
-            return {}
+    def reload(self) -> dict[str, Any]:
+        with self._lock:
+            self.data = read_state(self.store, self.run_id) or self.data
+            self.data.setdefault("stages", {})
+            self.data.setdefault("serve", {})
+            return self.data
 
     def update(self, section: str, name: str | None = None, **fields: Any) -> None:
         """Merge ``fields`` into ``data[section][name]`` (or ``data[section]``) and save."""
@@ -56,18 +75,4 @@ class RunState:
 
     def save(self) -> None:
         with self._lock:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".state.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True, default=str) + "\n")
-            os.replace(tmp, self.path)
-
-
-def pid_alive(pid: int) -> bool:
-    """Does a process with this pid exist (ours or, with PermissionError, someone else's)?"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+            self.store.put_bytes(self.key, json.dumps(self.data, indent=2, sort_keys=True, default=str).encode() + b"\n")

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable
+from typing import Any, Callable
 
 from eagle3.config import PipelineConfig
 from eagle3.context import stage_input_key, upstream_digests
@@ -31,6 +31,10 @@ from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.pipeline.runstate import RunState
 from eagle3.stages import ORDER, STAGES
 from eagle3.store import ObjectStore
+
+class LeaseLost(Eagle3Error):
+    """Another eagle3ctl took the run over while this one ran."""
+
 
 TERMINAL = ("skipped", "done", "failed", "blocked", "excluded", "stopped", "detached")
 FINISHED_OK = ("skipped", "done")
@@ -148,6 +152,7 @@ class Scheduler:
         state: RunState | None = None,
         on_change: Callable[[Scheduler, str], None] | None = None,
         poll_interval: float = 0.5,
+        lease: Any = None,
     ) -> None:
         self.cfg, self.backend, self.store = cfg, backend, store
         self.selection = selection or Selection()
@@ -155,6 +160,7 @@ class Scheduler:
         self.state = state
         self.on_change = on_change or (lambda s, msg: None)
         self.poll_interval = poll_interval
+        self.lease = lease  # eagle3.pipeline.lease.Lease: stop if another process takes the run
         self.rows = {n: StageRow(n, STAGES[n].resource) for n in ORDER}
         self.serve = ServeRow(state="external", url=cfg.serve.endpoint) if cfg.serve.endpoint else ServeRow()
         self.failures: list[StageOutcome] = []
@@ -191,6 +197,7 @@ class Scheduler:
                 self._plan_excluded(name)
         try:
             while True:
+                self._check_lease()
                 self._poll_running()
                 self._advance()
                 self._manage_serve()
@@ -205,6 +212,13 @@ class Scheduler:
             raise
         self._stop_serve_now()
         return RunResult(self.rows, self.serve, self.failures)
+
+    def _check_lease(self) -> None:
+        if self.lease is not None and self.lease.lost:
+            other = self.lease.lost
+            who = other.describe() if hasattr(other, "describe") else "another process"
+            raise LeaseLost(f"run {self.cfg.run_id} was taken over by {who} (this run's heartbeat was late); "
+                            f"stopped this run's stages")
 
     def _finished(self) -> bool:
         busy_serve = self.serve.state in ("starting", "stopping") or (self.serve.state == "running" and self._endpoint_needed())
@@ -226,7 +240,7 @@ class Scheduler:
         """Complete for the input key the stage would compute now? Upstreams must be complete."""
         spec = STAGES[name]
         upstream = upstream_digests(self.cfg, spec, self.store)
-        key = stage_input_key(self.cfg, spec, upstream)
+        key = stage_input_key(self.cfg, spec, upstream, self.store)
         self.keys[name] = key
         v = verify_stage(self.store, self.cfg.run_id, name, input_key=key)
         if v.complete and v.manifest is not None:
@@ -288,7 +302,7 @@ class Scheduler:
         row.gpus = self.backend.gpu_count() if spec.resource == "gpu" else 0
         try:
             if name not in self.keys:  # forced: never checked for completeness
-                self.keys[name] = stage_input_key(self.cfg, spec, upstream_digests(self.cfg, spec, self.store))
+                self.keys[name] = stage_input_key(self.cfg, spec, upstream_digests(self.cfg, spec, self.store), self.store)
             row.handle = self.backend.submit(name, endpoint=endpoint, input_key=self.keys[name],
                                              force=name in self.selection.force)
         except Eagle3Error as e:

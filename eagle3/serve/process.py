@@ -125,6 +125,25 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def tagged_groups(tag_name: str, tag: str) -> list[int]:
+    """Process groups of live processes (ours, Linux /proc) whose environment has ``tag_name=tag``."""
+    want = f"{tag_name}={tag}".encode()
+    groups: set[int] = set()
+    for d in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if want not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            stat = (d / "stat").read_text()
+        except OSError:  # gone, or not ours
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and fields[0] != "Z":
+            groups.add(int(fields[2]))
+    return sorted(groups)
+
+
 def proc_cmdline(pid: int) -> str | None:
     """The command line of a live process (Linux /proc), or None when unknown."""
     try:

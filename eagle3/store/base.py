@@ -22,6 +22,21 @@ class ObjectInfo:
     key: str
     size: int
     sha256: str
+    fingerprint: str | None = None  # the store's own token for this version (see ObjectStat)
+
+
+@dataclass(frozen=True)
+class ObjectStat:
+    """What a store tells about an object without reading it back.
+
+    ``fingerprint`` changes whenever the object's bytes may have changed: the ETag on S3 (a
+    rewrite gets a new one), inode + mtime + ctime on local disk (an in-place write moves
+    mtime; resetting mtime moves ctime, which no user can set). Equal fingerprints mean the
+    object was not touched since it was written; unequal ones mean only "read it back".
+    """
+
+    size: int
+    fingerprint: str
 
 
 def validate_key(key: str) -> str:
@@ -56,6 +71,20 @@ class HashingWriter:
         return self._sha.hexdigest()
 
 
+@contextmanager
+def local_copy(store: "ObjectStore", key: str) -> Iterator[Path]:
+    """A local path to an object for the duration of a block: in place on local disk, else a
+    download into a temporary folder that is removed when the block exits (even on error)."""
+    path = store.local_path(key)
+    if path is not None:
+        yield path
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="eagle3-object-") as tmp:
+        yield store.get_file(key, Path(tmp) / Path(key).name)
+
+
 class ObjectStore(ABC):
     """Keys are validated relative paths; values are immutable once written."""
 
@@ -75,8 +104,12 @@ class ObjectStore(ABC):
         """Yield a readable binary stream of the object."""
 
     @abstractmethod
-    def size(self, key: str) -> int | None:
-        """Size in bytes, or None when the object does not exist."""
+    def stat(self, key: str) -> ObjectStat | None:
+        """Size and fingerprint, or None when the object does not exist."""
+
+    @abstractmethod
+    def stat_prefix(self, prefix: str) -> dict[str, ObjectStat]:
+        """Every object under ``prefix`` (a folder) with its stat, in as few calls as the store allows."""
 
     @abstractmethod
     def list(self, prefix: str) -> list[str]:
@@ -85,6 +118,31 @@ class ObjectStore(ABC):
     @abstractmethod
     def delete(self, key: str) -> None:
         """Delete one object; deleting a missing object is not an error."""
+
+    # Conditional writes: what a lease needs so two writers on any machines never both win.
+
+    @abstractmethod
+    def create_exclusive(self, key: str, data: bytes) -> str | None:
+        """Create the object only if no object has the key: its version token, or None when one exists."""
+
+    @abstractmethod
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and a version token for :meth:`replace_if`, or None when absent."""
+
+    @abstractmethod
+    def replace_if(self, key: str, data: bytes, version: str) -> str | None:
+        """Overwrite the object only if it is still at ``version``: the new version token, or None
+        when it changed or is gone."""
+
+    @abstractmethod
+    def delete_if(self, key: str, version: str) -> bool:
+        """Delete the object only if it is still at ``version``; False when it changed (a missing
+        object counts as deleted: True)."""
+
+    def size(self, key: str) -> int | None:
+        """Size in bytes, or None when the object does not exist."""
+        st = self.stat(key)
+        return None if st is None else st.size
 
     def local_path(self, key: str) -> Path | None:
         """A path readable in place, for stores on local disk; None otherwise."""
@@ -132,11 +190,17 @@ class ObjectStore(ABC):
                 h.update(chunk)
         return h.hexdigest()
 
-    def delete_prefix(self, prefix: str) -> int:
-        keys = self.list(prefix)
+    def has_prefix(self, prefix: str) -> bool:
+        """Is any object under ``prefix``?"""
+        return bool(self.list(prefix))
+
+    def delete_many(self, keys: list[str]) -> int:
         for key in keys:
             self.delete(key)
         return len(keys)
+
+    def delete_prefix(self, prefix: str) -> int:
+        return self.delete_many(self.list(prefix))
 
     def join(self, *parts: str) -> str:
         return validate_key("/".join(p.strip("/") for p in parts if p))

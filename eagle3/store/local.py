@@ -1,7 +1,14 @@
-"""``file://`` store: objects are files under a root folder, committed by rename."""
+"""``file://`` store: objects are files under a root folder, committed by rename.
+
+Conditional writes (the lease) use ``link(2)`` for create-if-absent (atomic, and the file is
+complete the moment it has its name) and an ``flock`` on a hidden lock file beside the
+object for compare-and-swap; both hold on local disks and on NFSv4.
+"""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import stat
 import uuid
@@ -11,7 +18,16 @@ from pathlib import Path
 from typing import BinaryIO
 
 from eagle3.errors import StoreError
-from eagle3.store.base import HashingWriter, ObjectInfo, ObjectStore, validate_key
+from eagle3.store.base import HashingWriter, ObjectInfo, ObjectStat, ObjectStore, validate_key
+
+
+def _hidden(name: str) -> bool:
+    """In-flight writes and lock files: never objects."""
+    return name.startswith(".") and name.endswith((".partial", ".lock"))
+
+
+def _fingerprint(st: os.stat_result) -> str:
+    return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_ctime_ns}"
 
 
 class LocalStore(ObjectStore):
@@ -26,19 +42,33 @@ class LocalStore(ObjectStore):
     def _path(self, key: str) -> Path:
         return self.root / validate_key(key)
 
+    def _tmp(self, path: Path) -> Path:
+        return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
+
+    @staticmethod
+    def _create(tmp: Path) -> BinaryIO:
+        """Open a new file, making its folder; again if a sweep removed the folder just then."""
+        for _ in range(3):
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                return open(tmp, "wb")
+            except FileNotFoundError:
+                continue
+        return open(tmp, "wb")
+
     @contextmanager
     def writer(self, key: str) -> Iterator[HashingWriter]:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
+        tmp = self._tmp(path)
         try:
-            with open(tmp, "wb") as f:
+            with self._create(tmp) as f:
                 w = HashingWriter(f)
                 yield w
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            w.info = ObjectInfo(key, w.size, w.hexdigest())  # type: ignore[attr-defined]
+            # stat after the rename: a rename moves ctime on most filesystems
+            w.info = ObjectInfo(key, w.size, w.hexdigest(), _fingerprint(path.stat()))  # type: ignore[attr-defined]
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -52,12 +82,22 @@ class LocalStore(ObjectStore):
         with f:
             yield f
 
-    def size(self, key: str) -> int | None:
+    def stat(self, key: str) -> ObjectStat | None:
         try:
             st = self._path(key).stat()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        return st.st_size if stat.S_ISREG(st.st_mode) else None  # a folder is not an object
+        if not stat.S_ISREG(st.st_mode):  # a folder is not an object
+            return None
+        return ObjectStat(st.st_size, _fingerprint(st))
+
+    def stat_prefix(self, prefix: str) -> dict[str, ObjectStat]:
+        out: dict[str, ObjectStat] = {}
+        for key in self.list(prefix):
+            st = self.stat(key)
+            if st is not None:
+                out[key] = st
+        return out
 
     def list(self, prefix: str) -> list[str]:
         base = self.root / validate_key(prefix.strip("/")) if prefix.strip("/") else self.root
@@ -66,13 +106,22 @@ class LocalStore(ObjectStore):
         keys = []
         for dirpath, _, files in os.walk(base):
             for name in files:
-                if name.endswith(".partial") and name.startswith("."):
+                if _hidden(name):
                     continue
                 keys.append(Path(dirpath, name).relative_to(self.root).as_posix())
         return sorted(keys)
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        # folders are not objects: drop the ones this left empty (a swept attempt folder)
+        parent = path.parent
+        while parent != self.root:
+            try:
+                parent.rmdir()
+            except OSError:  # not empty (or gone): stop
+                break
+            parent = parent.parent
 
     def local_path(self, key: str) -> Path | None:
         return self._path(key)
@@ -82,3 +131,66 @@ class LocalStore(ObjectStore):
         if not src.exists():
             raise StoreError(f"missing object {self.uri}/{key}")
         return src
+
+    # -- conditional writes
+
+    def _write_tmp(self, path: Path, data: bytes) -> Path:
+        tmp = self._tmp(path)
+        with self._create(tmp) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    @contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def create_exclusive(self, key: str, data: bytes) -> str | None:
+        path = self._path(key)
+        tmp = self._write_tmp(path, data)
+        try:
+            with self._locked(path):
+                os.link(tmp, path)
+            return hashlib.sha256(data).hexdigest()
+        except FileExistsError:
+            return None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        try:
+            data = self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return data, hashlib.sha256(data).hexdigest()
+
+    def replace_if(self, key: str, data: bytes, version: str) -> str | None:
+        path = self._path(key)
+        tmp = self._write_tmp(path, data)
+        try:
+            with self._locked(path):
+                current = self.get_versioned(key)
+                if current is None or current[1] != version:
+                    return None
+                os.replace(tmp, path)
+                return hashlib.sha256(data).hexdigest()
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def delete_if(self, key: str, version: str) -> bool:
+        path = self._path(key)
+        with self._locked(path):
+            current = self.get_versioned(key)
+            if current is None:
+                return True
+            if current[1] != version:
+                return False
+            path.unlink()
+            return True

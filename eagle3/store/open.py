@@ -10,7 +10,8 @@ from eagle3.errors import StoreError
 from eagle3.store.base import ObjectStore
 
 
-def open_store(uri: str, endpoint_url: str | None = None, region: str | None = None) -> ObjectStore:
+def open_store(uri: str, endpoint_url: str | None = None, region: str | None = None,
+               max_attempts: int | None = None, retry_mode: str | None = None) -> ObjectStore:
     """``file:///abs/path``, ``file://rel/path``, a plain path, or ``s3://bucket[/prefix]``.
 
     For S3 the endpoint comes from the argument, else ``AWS_ENDPOINT_URL``; credentials
@@ -34,5 +35,7 @@ def open_store(uri: str, endpoint_url: str | None = None, region: str | None = N
             parsed.path,
             endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
             region=region or os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION"),
+            **({"max_attempts": max_attempts} if max_attempts else {}),
+            **({"retry_mode": retry_mode} if retry_mode else {}),
         )
     raise StoreError(f"invalid store URI {uri!r}: scheme must be file:// or s3://")

@@ -110,7 +110,7 @@ class TrainJob:
     open_shard: Callable[[str], HiddenShard]
     settings: TrainSettings
     store: ObjectStore
-    stage_prefix: str  # <run_id>/train
+    stage_prefix: str  # this attempt's folder, <run_id>/train/<root>
     output: StageOutput | None  # rank 0 only
     scratch: Path
     progress: Callable[..., None] = lambda *a, **k: None

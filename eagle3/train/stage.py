@@ -22,7 +22,7 @@ from eagle3.drafter.adapter import CONFIG, WEIGHTS, check_weights
 from eagle3.drafter.model import DrafterConfig
 from eagle3.errors import StageError
 from eagle3.extract.shards import INDEX, TARGET_HEAD, HiddenShard, read_shard
-from eagle3.manifest import Manifest, stage_prefix
+from eagle3.manifest import Manifest
 from eagle3.store import ObjectStore
 from eagle3.train.data import DataPlan, shard_refs
 from eagle3.train.loop import StopFlag, TrainJob, init_distributed, train
@@ -97,7 +97,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     plan = DataPlan(refs, s.batch_tokens, s.max_seq_len, s.eval_fraction, s.seed, env.rank, env.world, s.pack)
     job = TrainJob(
-        drafter_cfg, embed, teacher, plan, open_shard, s, ctx.store, stage_prefix(ctx.run_id, "train"),
+        drafter_cfg, embed, teacher, plan, open_shard, s, ctx.store, ctx.output_prefix,
         ctx.output, ctx.scratch, progress=ctx.progress if ctx.output is not None else (lambda *a, **k: None),
     )
     flag = StopFlag().install()
@@ -139,7 +139,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:
     """drafter.safetensors agrees with drafter_config.json; metrics.jsonl parses."""
-    prefix = stage_prefix(manifest.run_id, manifest.stage)
+    prefix = manifest.prefix
     problems: list[str] = []
     try:
         cfg = DrafterConfig.from_dict(json.loads(store.get_bytes(f"{prefix}/{CONFIG}")))

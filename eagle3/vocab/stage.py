@@ -15,7 +15,7 @@ from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import load_file
 
 from eagle3.errors import StageError
-from eagle3.manifest import Manifest, read_manifest, stage_prefix
+from eagle3.manifest import Manifest, read_manifest
 from eagle3.store import ObjectStore
 from eagle3.vocab.mapping import (
     D2T,
@@ -122,7 +122,7 @@ def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:
     """Content checks: the mapping is well-formed, agrees with coverage.json and, when the
     committed generate stage is the one this mapping was built from, equals the mapping
     rebuilt from its token counts."""
-    prefix = stage_prefix(manifest.run_id, manifest.stage)
+    prefix = manifest.prefix
     where = f"{store.uri}/{prefix}/{VOCAB_MAPPING}"
     try:
         tensors = load_safetensors_bytes(store.get_bytes(f"{prefix}/{VOCAB_MAPPING}"))
@@ -154,7 +154,7 @@ def _check_against_upstream(store: ObjectStore, manifest: Manifest, d2t: torch.T
     if up is None or up.digest != manifest.upstream.get("generate"):
         return []  # generate was rerun since: the input key (shallow verify) reports staleness
     try:
-        counts = load_safetensors_bytes(store.get_bytes(f"{stage_prefix(manifest.run_id, 'generate')}/{TOKEN_FREQ}"))["counts"]
+        counts = load_safetensors_bytes(store.get_bytes(up.manifest.object_key(TOKEN_FREQ)))["counts"]
         want_d2t, want_t2d = build_vocab_mapping(counts, d2t.numel())
     except Exception as e:
         return [f"{where}: cannot rebuild from generate/{TOKEN_FREQ}: {e}"]

@@ -12,6 +12,7 @@ from eagle3.cli.app import app
 from eagle3.config import load_config
 from eagle3.manifest import StageOutput
 from eagle3.store import open_store
+from tests.committed import key_of
 
 runner = CliRunner()
 
@@ -38,7 +39,7 @@ def test_config_errors_are_one_line_before_anything_starts(workdir):
     r = runner.invoke(app, ["run", "pipeline", "-c", "bad.yaml"])
     assert r.exit_code == 2
     assert r.output.strip().splitlines() == ["error: invalid config bad.yaml: train.lr: Input should be greater than 0"]
-    r = runner.invoke(app, ["run", "pipeline", "--from", "trian", "--store", f"file://{workdir}/s"])
+    r = runner.invoke(app, ["run", "pipeline", "--from", "trian", "--store", f"file://{workdir}/s", "--run-id", "x"])
     assert r.exit_code == 2 and "unknown stage 'trian'" in r.output
     assert not (workdir / ".eagle3").exists(), "nothing may start on a config error"
 
@@ -49,7 +50,7 @@ def test_missing_s3_credentials_are_caught_before_anything_starts(workdir, monke
     monkeypatch.setenv("AWS_CONFIG_FILE", str(workdir / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(workdir / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    r = runner.invoke(app, ["run", "pipeline", "--store", "s3://bucket/x"])
+    r = runner.invoke(app, ["run", "pipeline", "--store", "s3://bucket/x", "--run-id", "x"])
     assert r.exit_code != 0 and r.output.startswith("error: ") and len(r.output.strip().splitlines()) == 1
     assert not (workdir / ".eagle3").exists()
 
@@ -106,7 +107,7 @@ def test_status_and_report_read_the_manifests(workdir):
     md = Path(r.output.strip())
     text = md.read_text()
     assert "| coverage | 0.93 |" in text and "![Draft-vocab coverage](vocab-coverage.png)" in text
-    assert (md.parent / "vocab-coverage.png").read_bytes() == store.get_bytes("r2/vocab/coverage.png")
+    assert (md.parent / "vocab-coverage.png").read_bytes() == store.get_bytes(key_of(store, 'r2', "vocab", 'coverage.png'))
     assert "## extract" in text and "Not complete: no manifest" in text
 
     r = runner.invoke(app, ["report", "--store", store_uri, "--run-id", "r2", "--html"])

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from eagle3.drafter.linear_kl import _compiled_chunk_kl, chunk_kl, linear_kl
 from eagle3.drafter.loss import TTTObjective
 from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
+from tests.committed import key_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (tests/cuda runs on the GPU machine)")]
@@ -161,7 +162,7 @@ def test_train_stage_on_cuda_compiles_and_learns(tmp_path, tiny_target_dir, tiny
     assert stats["device"] == "cuda" and stats["peak_memory_gib"] > 0
     # the held-out chained accuracy is counted on the GPU too (step 0 has no step before it)
     assert stats["eval_chain_acc_0"] == pytest.approx(stats["eval_acc_0"]) and "eval_same_as_step0_1" in stats
-    records = parse_metrics(store.get_bytes("t/train/metrics.jsonl").decode())
+    records = parse_metrics(store.get_bytes(key_of(store, 't', "train", 'metrics.jsonl')).decode())
     assert records[-1]["loss"] < records[0]["loss"]
     assert "unavailable" not in capfd.readouterr().err  # compiled halves, KL and flex all compiled
 

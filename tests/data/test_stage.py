@@ -31,6 +31,9 @@ from eagle3.data.stage import RAW, deep_check
 from eagle3.data.tokenized import read_tokenized
 from eagle3.manifest import verify_stage
 from eagle3.store import open_store
+from eagle3.manifest import attempt_root
+from eagle3.store.local import LocalStore
+from tests.committed import path_of
 from tests.fixtures_targets import free_port
 
 EAGLE3 = str(Path(sys.executable).parent / "eagle3")
@@ -70,8 +73,20 @@ def run_cli_in_process(config: Path, endpoint: str | None) -> CliResult:
     return CliResult(r.exit_code, r.stderr)
 
 
+def stage_key(cfg) -> str:
+    """generate's input key, as the stage computes it (its attempt folder is named after it)."""
+    from eagle3.context import stage_input_key
+    from eagle3.stages import STAGES
+
+    return stage_input_key(cfg, STAGES["generate"], {}, open_store(cfg.store.uri))
+
+
+def committed_file(store: Path, name: str) -> Path:
+    return path_of(LocalStore(store), "gen", "generate", name)
+
+
 def read_raw(store: Path) -> list[dict]:
-    return [json.loads(line) for line in (store / "gen" / "generate" / RAW).read_text().splitlines()]
+    return [json.loads(line) for line in committed_file(store, RAW).read_text().splitlines()]
 
 
 def assert_one_error_line(proc: subprocess.CompletedProcess | CliResult, *fragments: str) -> str:
@@ -95,7 +110,7 @@ def test_generate_against_transformers_serve(arch, tiny_server, tmp_path):
     records = read_raw(store)
     assert len({r["id"] for r in records}) == N_PROMPTS
     assert all(r["usage"]["completion_tokens"] <= 4 for r in records)
-    data = read_tokenized(store / "gen" / "generate" / "tokenized.safetensors")
+    data = read_tokenized(committed_file(store, "tokenized.safetensors"))
     assert sorted(data.sample_ids.tolist()) == sorted(r["id"] for r in records)
     v = verify_stage(open_store(cfg.store.uri), "gen", "generate", deep=True, content_check=deep_check)
     assert v.complete, v.problems
@@ -107,7 +122,7 @@ def test_killed_generate_resumes_without_loss_or_duplicates(tiny_server, tmp_pat
     served = tiny_server("llama")
     config = write_config(tmp_path, served.target_dir, part_size=1, concurrency=1)
     # A part counts once its journal entry exists (the part object is written just before it).
-    parts = tmp_path / "store" / "gen" / "generate" / "_journal" / "parts"
+    parts = tmp_path / "store" / "gen" / "generate" / attempt_root(stage_key(load_config(config)), None) / "_journal" / "parts"
     proc = subprocess.Popen([EAGLE3, "stage", "generate", "-c", str(config), "--endpoint", served.base_url],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -127,9 +142,9 @@ def test_killed_generate_resumes_without_loss_or_duplicates(tiny_server, tmp_pat
     records = read_raw(tmp_path / "store")
     ids = [r["id"] for r in records]
     assert len(ids) == len(set(ids)) == N_PROMPTS
-    meta = json.loads((tmp_path / "store" / "gen" / "generate" / "metadata.json").read_text())
+    meta = json.loads(committed_file(tmp_path / "store", "metadata.json").read_text())
     assert meta["resumed"] >= committed and meta["resumed"] + meta["generated_this_attempt"] == N_PROMPTS
-    data = read_tokenized(tmp_path / "store" / "gen" / "generate" / "tokenized.safetensors")
+    data = read_tokenized(committed_file(tmp_path / "store", "tokenized.safetensors"))
     assert sorted(data.sample_ids.tolist()) == sorted(ids)
 
 

@@ -33,6 +33,7 @@ from eagle3.data.tokenized import from_lists, write_tokenized
 from eagle3.manifest import StageOutput
 from eagle3.store import open_store
 from tests.extract.pipeline import pipeline_config
+from tests.committed import key_of
 
 NUM_TRAIN_PROMPTS = 48
 MAX_NEW_TOKENS = 64
@@ -89,7 +90,7 @@ def test_trained_drafter_is_accepted(tmp_path, tiny_target_dir):
     assert commit_greedy_generate(cfg, target_dir) == NUM_TRAIN_PROMPTS
     for stage in ("vocab", "extract", "train", "export", "evaluate"):
         run_stage(cfg, stage)
-    report = json.loads(open_store(cfg.store.uri).get_bytes("t/evaluate/report.json"))
+    report = json.loads(open_store(cfg.store.uri).get_bytes(key_of(open_store(cfg.store.uri), 't', "evaluate", 'report.json')))
     print("e2e acceptance:", report["mean_acceptance_length"], report["acceptance_rate_per_position"])
     assert report["held_out"] is True, report["prompt_source"]
     assert report["greedy_check"]["all_match"] is True

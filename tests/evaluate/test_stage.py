@@ -13,6 +13,7 @@ from eagle3.manifest import StageOutput, verify_stage
 from eagle3.store import open_store
 from tests.extract.pipeline import (commit_generate, commit_untrained_train, commit_vocab, pipeline_config,
                                     random_samples)
+from tests.committed import key_of
 
 
 def test_evaluate_stage_reports_acceptance_of_the_export(tmp_path, tiny_target_dir):
@@ -27,14 +28,14 @@ def test_evaluate_stage_reports_acceptance_of_the_export(tmp_path, tiny_target_d
     run_stage(cfg, "export")
     stats = run_stage(cfg, "evaluate")
     store = open_store(cfg.store.uri)
-    report = json.loads(store.get_bytes("t/evaluate/report.json"))
+    report = json.loads(store.get_bytes(key_of(store, 't', "evaluate", 'report.json')))
     assert report["held_out"] is True and "did not use" in report["prompt_source"]
     assert report["num_prompts"] == 2 and report["num_draft_tokens"] == 3
     assert report["greedy_check"] == {"prompts_checked": 2, "prompts_matching": 2, "all_match": True}
     assert 1 <= report["mean_acceptance_length"] <= 4
     assert report["draft_tokens_proposed"] == 3 * report["verify_steps"]
     assert len(report["acceptance_rate_per_position"]["conditional"]) == 3
-    assert report["aux_layer_ids"] == json.loads(store.get_bytes("t/extract/index.json"))["aux_layer_ids"]
+    assert report["aux_layer_ids"] == json.loads(store.get_bytes(key_of(store, 't', "extract", 'index.json')))["aux_layer_ids"]
     assert sum(p["tokens_generated"] for p in report["per_prompt"]) == report["tokens_generated"]
     assert stats["mean_acceptance_length"] == report["mean_acceptance_length"]
     assert verify_stage(store, "t", "evaluate", deep=True, content_check=evaluate_stage.deep_check).complete
@@ -82,11 +83,11 @@ def test_workers_give_the_report_of_one_process(tmp_path, tiny_target_dir):
     cfg = exported_run(tmp_path, target_dir)
     store = open_store(cfg.store.uri)
     run_stage(cfg, "evaluate")
-    one = json.loads(store.get_bytes("t/evaluate/report.json"))
+    one = json.loads(store.get_bytes(key_of(store, 't', "evaluate", 'report.json')))
     two_workers = pipeline_config(tmp_path / "store", target_dir, **{**RUN, "evaluate.workers": 2})
     assert run_stage(two_workers, "evaluate") is None  # workers changes how, not what: same input key
     run_stage(two_workers, "evaluate", force=True)
-    two = json.loads(store.get_bytes("t/evaluate/report.json"))
+    two = json.loads(store.get_bytes(key_of(store, 't', "evaluate", 'report.json')))
     print(f"decode_s: 1 process {one['decode_s']}, 2 workers {two['decode_s']}")
     assert without_timing(two) == without_timing(one)
     assert [p["id"] for p in two["per_prompt"]] == [p["id"] for p in one["per_prompt"]]
@@ -103,9 +104,6 @@ def test_a_killed_evaluation_decodes_only_the_prompts_left(tmp_path, tiny_target
 
     cfg = exported_run(tmp_path, tiny_target_dir("llama"), **{"evaluate.batch_size": 2})
     store = open_store(cfg.store.uri)
-    run_stage(cfg, "evaluate")
-    clean = json.loads(store.get_bytes("t/evaluate/report.json"))
-
     real_put = StageOutput.put_json
 
     def killed_at_the_third_prompt(self, name, obj, journal=True):
@@ -115,7 +113,7 @@ def test_a_killed_evaluation_decodes_only_the_prompts_left(tmp_path, tiny_target
 
     monkeypatch.setattr(StageOutput, "put_json", killed_at_the_third_prompt)
     with pytest.raises(Killed):
-        run_stage(cfg, "evaluate", force=True)  # a fresh attempt, killed after prompts 0 and 1 were journaled
+        run_stage(cfg, "evaluate")  # killed after prompts 0 and 1 were journaled
     monkeypatch.setattr(StageOutput, "put_json", real_put)
     assert not verify_stage(store, "t", "evaluate").complete
 
@@ -129,9 +127,19 @@ def test_a_killed_evaluation_decodes_only_the_prompts_left(tmp_path, tiny_target
     monkeypatch.setattr(evaluate_stage, "open_hf_decoder", counting_decoder)
     stats = run_stage(cfg, "evaluate")
     assert decoded == [2, 3] and stats["prompts_resumed"] == 2
-    resumed = json.loads(store.get_bytes("t/evaluate/report.json"))
-    assert without_timing(resumed) == without_timing(clean)
+    resumed = json.loads(store.get_bytes(key_of(store, 't', "evaluate", 'report.json')))
     assert verify_stage(store, "t", "evaluate", deep=True, content_check=evaluate_stage.deep_check).complete
+    monkeypatch.setattr(evaluate_stage, "open_hf_decoder", real_open)
+    run_stage(cfg, "evaluate", force=True)  # a clean attempt, from scratch
+    clean = json.loads(store.get_bytes(key_of(store, 't', "evaluate", 'report.json')))
+    assert without_timing(resumed) == without_timing(clean)
+
+    # a forced rerun that is killed costs nothing: the committed report stays, verified
+    monkeypatch.setattr(StageOutput, "put_json", killed_at_the_third_prompt)
+    with pytest.raises(Killed):
+        run_stage(cfg, "evaluate", force=True)
+    v = verify_stage(store, "t", "evaluate", deep=True, content_check=evaluate_stage.deep_check)
+    assert v.complete and json.loads(store.get_bytes(key_of(store, 't', "evaluate", 'report.json'))) == clean
 
 
 def commit_export_with_d2t_outside_the_target_vocab(cfg, tmp_path):
@@ -139,8 +147,8 @@ def commit_export_with_d2t_outside_the_target_vocab(cfg, tmp_path):
     from safetensors.torch import load_file, save_file
 
     store = open_store(cfg.store.uri)
-    config = json.loads(store.get_bytes("t/export/config.json"))
-    tensors = load_file(str(store.local_path("t/export/model.safetensors")))
+    config = json.loads(store.get_bytes(key_of(store, 't', "export", 'config.json')))
+    tensors = load_file(str(store.local_path(key_of(store, 't', "export", 'model.safetensors'))))
     tensors["d2t"] = tensors["d2t"] + config["vocab_size"]
     save_file(tensors, str(tmp_path / "model.safetensors"))
     out = StageOutput(store, cfg.run_id, "export", "corrupted-export", {})
@@ -166,12 +174,12 @@ def test_batches_give_the_report_of_one_at_a_time(tmp_path, tiny_target_dir):
     cfg = exported_run(tmp_path, target_dir, **{"generate.max_samples": 3, "evaluate.num_prompts": 5})
     store = open_store(cfg.store.uri)
     run_stage(cfg, "evaluate")
-    one = json.loads(store.get_bytes("t/evaluate/report.json"))
+    one = json.loads(store.get_bytes(key_of(store, 't', "evaluate", 'report.json')))
     batched = pipeline_config(tmp_path / "store", target_dir, **{**RUN, "generate.max_samples": 3,
                                                                   "evaluate.num_prompts": 5, "evaluate.batch_size": 4})
     assert run_stage(batched, "evaluate") is None  # batch_size changes how, not what: same input key
     run_stage(batched, "evaluate", force=True)
-    four = json.loads(store.get_bytes("t/evaluate/report.json"))
+    four = json.loads(store.get_bytes(key_of(store, 't', "evaluate", 'report.json')))
     print(f"decode_s: one at a time {one['decode_s']}, batches of 4 {four['decode_s']}")
     assert one["num_prompts"] == 5  # a batch of 4 and a batch of 1
     assert without_timing(four) == without_timing(one)

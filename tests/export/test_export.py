@@ -12,6 +12,7 @@ from eagle3.manifest import verify_stage
 from eagle3.store import open_store
 from tests.extract.pipeline import (commit_generate, commit_untrained_train, commit_vocab, pipeline_config,
                                     random_samples)
+from tests.committed import key_of
 
 # What vLLM's EAGLE-3 loader does with each checkpoint tensor, encoded from
 # vllm/model_executor/models/llama_eagle3.py (Eagle3LlamaForCausalLM.load_weights and
@@ -93,9 +94,9 @@ def exported(tmp_path, tiny_target_dir):
 def test_export_round_trip_matches_vllm_loader(exported):
     cfg, drafter, stats = exported
     store = open_store(cfg.store.uri)
-    config = json.loads(store.get_bytes("t/export/config.json"))
-    tensors = load_file(str(store.local_path("t/export/model.safetensors")))
-    index = json.loads(store.get_bytes("t/extract/index.json"))
+    config = json.loads(store.get_bytes(key_of(store, 't', "export", 'config.json')))
+    tensors = load_file(str(store.local_path(key_of(store, 't', "export", 'model.safetensors'))))
+    index = json.loads(store.get_bytes(key_of(store, 't', "extract", 'index.json')))
     extract_stats = verify_stage(store, "t", "extract").manifest.manifest.stats
     assert config["eagle_aux_hidden_state_layer_ids"] == index["aux_layer_ids"] == extract_stats["aux_layer_ids"]
     assert stats["aux_layer_ids"] == extract_stats["aux_layer_ids"]
@@ -116,7 +117,7 @@ def test_export_round_trip_matches_vllm_loader(exported):
         torch.testing.assert_close(tensors[name], sd[name].to(torch.bfloat16))
     target_ids = torch.arange(256) + tensors["d2t"]
     assert tensors["t2d"][target_ids].all() and int(tensors["t2d"].sum()) == 256
-    note = store.get_bytes("t/export/SERVING.md").decode()
+    note = store.get_bytes(key_of(store, 't', "export", 'SERVING.md')).decode()
     assert str(index["aux_layer_ids"]) in note and str(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) in note
     assert verify_stage(store, "t", "export", deep=True, content_check=export_stage.deep_check).complete
 
@@ -126,8 +127,8 @@ def test_export_loads_back_as_the_same_drafter(exported):
 
     cfg, drafter, _ = exported
     store = open_store(cfg.store.uri)
-    config = json.loads(store.get_bytes("t/export/config.json"))
-    back = load_drafter(store.local_path("t/export/model.safetensors"), drafter.embed_tokens.weight,
+    config = json.loads(store.get_bytes(key_of(store, 't', "export", 'config.json')))
+    back = load_drafter(store.local_path(key_of(store, 't', "export", 'model.safetensors')), drafter.embed_tokens.weight,
                         drafter_config_from_export(config))
     assert back.config == drafter.config
 

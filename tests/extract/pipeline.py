@@ -11,6 +11,7 @@ from eagle3.config import PipelineConfig, load_config
 from eagle3.data.tokenized import TOKENIZED, from_lists, write_tokenized
 from eagle3.manifest import StageOutput
 from eagle3.store import open_store
+from tests.committed import key_of
 
 
 def pipeline_config(store_dir: Path, target_dir: Path, **overrides: Any) -> PipelineConfig:
@@ -67,7 +68,7 @@ def commit_untrained_train(cfg: PipelineConfig, draft_vocab_size: int, tmp: Path
     store = open_store(cfg.store.uri)
     import json
 
-    index = json.loads(store.get_bytes(f"{cfg.run_id}/extract/{INDEX}"))
+    index = json.loads(store.get_bytes(key_of(store, cfg.run_id, "extract", f"{INDEX}")))
     dcfg = DrafterConfig.from_target(load_target_config(cfg.target), cfg.drafter, draft_vocab_size, index["aux_layer_ids"])
     torch.manual_seed(seed)
     model = Eagle3Drafter(dcfg)

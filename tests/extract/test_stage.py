@@ -10,11 +10,12 @@ from eagle3.manifest import read_manifest, verify_stage
 from eagle3.store import open_store
 from eagle3.targets.aux_layers import default_aux_layer_ids
 from tests.extract.pipeline import commit_generate, pipeline_config, random_samples
+from tests.committed import key_of
 
 
 def _shards(store, run_id="t"):
     m = read_manifest(store, run_id, "extract").manifest
-    return m, [read_shard(store.local_path(f"{run_id}/extract/{k}")) for k in m.keys("shards/")]
+    return m, [read_shard(store.local_path(key_of(store, run_id, "extract", f"{k}"))) for k in m.keys("shards/")]
 
 
 @pytest.mark.parametrize("arch,storage", [("llama", "bfloat16"), ("deepseek", "float8_e4m3fn")])
@@ -36,12 +37,12 @@ def test_extract_writes_consistent_shards(tmp_path, tiny_target_dir, arch, stora
     for s in shards:
         assert s.storage_dtype == storage and s.validate(64) == []
         assert s.aux_hidden.shape == (s.num_tokens, 192) and s.final_hidden.shape == (s.num_tokens, 64)
-    index = json.loads(store.get_bytes(f"t/extract/{INDEX}"))
+    index = json.loads(store.get_bytes(key_of(store, 't', "extract", f"{INDEX}")))
     assert index["num_samples"] == 12 and index["hidden_size"] == 64 and index["num_layers"] == 6
     assert index["aux_layer_ids"] == m.stats["aux_layer_ids"] and index["storage_dtype"] == storage
     from safetensors.torch import load_file
 
-    head = load_file(str(store.local_path(f"t/extract/{TARGET_HEAD}")))
+    head = load_file(str(store.local_path(key_of(store, 't', "extract", f"{TARGET_HEAD}"))))
     assert head["embed_tokens.weight"].shape == head["lm_head.weight"].shape == (index["target_vocab_size"], 64)
     assert verify_stage(store, "t", "extract", deep=True, content_check=extract_stage.deep_check).complete
 

@@ -20,20 +20,20 @@ def _shard(seed: int, t: int = 6, h: int = 4) -> HiddenShard:
 
 def test_shards_are_stored_in_safetensors_and_journaled(tmp_path):
     store = LocalStore(tmp_path / "store")
-    objects = ObjectWriter(store, "r", "extract")
+    objects = ObjectWriter(store, "r", "extract", "attempt-x")
     with ShardWriter(objects) as writer:
         for i in range(3):
             writer.submit(i, _shard(i))
     assert sorted(objects.entries) == [shard_name(i) for i in range(3)]
     assert writer.bytes_written == sum(e.size for e in objects.entries.values())
     for i in range(3):
-        got = read_shard(store.local_path(f"r/extract/{shard_name(i)}"))
+        got = read_shard(store.local_path(f"r/extract/attempt-x/{shard_name(i)}"))
         assert torch.equal(got.aux_hidden, _shard(i).aux_hidden)
-        assert store.exists(f"r/extract/_journal/{shard_name(i)}.json")
+        assert store.exists(f"r/extract/attempt-x/_journal/{shard_name(i)}.json")
 
 
 def test_a_failed_write_surfaces_and_earlier_shards_stay(tmp_path, monkeypatch):
-    objects = ObjectWriter(LocalStore(tmp_path / "store"), "r", "extract")
+    objects = ObjectWriter(LocalStore(tmp_path / "store"), "r", "extract", "attempt-x")
     real_writer = objects.writer
 
     def store_full_on_second(name, journal=True):  # test double: the store refuses shard 1
@@ -52,7 +52,7 @@ def test_a_failed_write_surfaces_and_earlier_shards_stay(tmp_path, monkeypatch):
 
 
 def test_a_failing_extraction_still_finishes_the_shard_in_flight(tmp_path):
-    objects = ObjectWriter(LocalStore(tmp_path / "store"), "r", "extract")
+    objects = ObjectWriter(LocalStore(tmp_path / "store"), "r", "extract", "attempt-x")
     with pytest.raises(KeyboardInterrupt):
         with ShardWriter(objects) as writer:
             writer.submit(0, _shard(0))

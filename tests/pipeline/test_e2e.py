@@ -21,6 +21,8 @@ import yaml
 
 from eagle3.data.tokenized import read_tokenized  # noqa: F401  (fails early if the contract module moved)
 from eagle3.stages import ORDER, STAGES
+from eagle3.store.local import LocalStore
+from tests.committed import path_of
 
 pytestmark = pytest.mark.slow
 
@@ -40,12 +42,11 @@ def target_cache(tiny_cache_dir) -> Path:
 
 
 def write_config(workdir: Path, arch: str, cache: Path, **over) -> Path:
-    """examples/tiny*.yaml, made smaller still, on a free port."""
+    """examples/tiny*.yaml, made smaller still (the server takes a free port: none is configured)."""
     example = EXAMPLES / ("tiny.yaml" if arch == "llama" else "tiny-deepseek.yaml")
     cfg = yaml.safe_load(example.read_text())
     cfg["store"]["uri"] = f"file://{workdir / 'store'}"
     cfg["target"]["cache_dir"] = str(cache)
-    cfg["serve"]["port"] = _free_port()
     cfg["generate"].update(max_samples=8, max_tokens=16, concurrency=2)
     cfg["train"].update(max_steps=3, checkpoint_every=1, log_every=1)
     cfg["evaluate"].update(num_prompts=2, max_new_tokens=8)
@@ -70,7 +71,8 @@ def start_eagle3ctl(workdir: Path, *args: str) -> subprocess.Popen:
 
 
 def recorded(workdir: Path, run_id: str) -> dict:
-    return json.loads((workdir / ".eagle3/runs" / run_id / "state.json").read_text())
+    """The run's state record, in the store."""
+    return json.loads((workdir / "store" / run_id / "_run/state.json").read_text())
 
 
 def manifests(store: Path, run_id: str) -> dict[str, bytes]:
@@ -81,13 +83,14 @@ def manifests(store: Path, run_id: str) -> dict[str, bytes]:
 def assert_every_sample_once(store: Path, run_id: str) -> None:
     from eagle3.extract.shards import read_shard
 
-    ids = [json.loads(ln)["id"] for ln in (store / run_id / "generate/raw_responses.jsonl").read_text().splitlines()]
+    objects = LocalStore(store)
+    ids = [json.loads(ln)["id"] for ln in path_of(objects, run_id, "generate", "raw_responses.jsonl").read_text().splitlines()]
     assert len(ids) == len(set(ids)), "a generated sample appears twice"
-    tok = read_tokenized(store / run_id / "generate/tokenized.safetensors")
+    tok = read_tokenized(path_of(objects, run_id, "generate", "tokenized.safetensors"))
     tok_ids = [int(i) for i in tok.sample_ids]
     assert len(tok_ids) == len(set(tok_ids))
     shard_ids = []
-    for shard in sorted((store / run_id / "extract/shards").glob("shard-*.safetensors")):
+    for shard in sorted(path_of(objects, run_id, "extract", "shards").glob("shard-*.safetensors")):
         shard_ids += [int(i) for i in read_shard(shard).sample_ids]
     assert sorted(shard_ids) == sorted(tok_ids), "every tokenized sample is extracted exactly once"
 
@@ -134,22 +137,25 @@ def test_tiny_pipeline_end_to_end_then_rerun_skips(tmp_path, target_cache, arch)
     r = eagle3ctl(tmp_path, "status", "-c", str(config), "--json")
     assert [s["state"] for s in json.loads(r.stdout)["stages"]] == ["complete"] * len(ORDER)
     if arch == "llama":
-        assert_failure_blocks_dependents_only(tmp_path, target_cache, run_id)
+        assert_a_bad_setting_is_refused_before_anything_starts(tmp_path, run_id)
 
 
-def assert_failure_blocks_dependents_only(workdir: Path, cache: Path, run_id: str) -> None:
-    """vocab fails on bad input; extract (independent of it, forced to rerun) still finishes."""
+def assert_a_bad_setting_is_refused_before_anything_starts(workdir: Path, run_id: str) -> None:
+    """A draft vocab larger than the target's: one line, exit 2, and no finished output touched —
+    not even extract's, which --force would rerun."""
     bad = yaml.safe_load((workdir / "pipeline.yaml").read_text())
     bad["vocab"]["draft_vocab_size"] = 100000
     (workdir / "bad.yaml").write_text(yaml.safe_dump(bad))
+    before = manifests(workdir / "store", run_id)
+    files = sorted(p for p in (workdir / "store" / run_id).rglob("*") if p.is_file() and "_run" not in p.parts)
     r = eagle3ctl(workdir, "run", "pipeline", "-c", str(workdir / "bad.yaml"), "--force", "extract")
-    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "stage vocab failed: vocab.draft_vocab_size=100000 exceeds the target vocab size" in r.stdout
-    assert "last log lines of vocab:" in r.stdout and "Traceback" not in r.stdout + r.stderr
-    assert "not run because an upstream stage failed or is missing: train, export, evaluate" in r.stdout
-    states = {n: s["state"] for n, s in recorded(workdir, run_id)["stages"].items()}
-    assert states == {"generate": "skipped", "vocab": "failed", "extract": "done", "train": "blocked",
-                      "export": "blocked", "evaluate": "blocked"}
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [f"error: vocab.draft_vocab_size=100000 exceeds the target's vocab size 1024 "
+                                             f"({r.stderr.split('(')[-1].strip()}"]
+    assert manifests(workdir / "store", run_id) == before
+    assert sorted(p for p in (workdir / "store" / run_id).rglob("*") if p.is_file() and "_run" not in p.parts) == files
+    r = eagle3ctl(workdir, "verify", "-c", str(workdir / "pipeline.yaml"), "--deep")
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def wait_until_running(workdir: Path, run_id: str, stage: str, proc: subprocess.Popen, timeout: float = 600) -> None:

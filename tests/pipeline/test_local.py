@@ -11,6 +11,7 @@ import pytest
 from eagle3.config import load_config
 from eagle3.pipeline.local import LocalBackend, child_env
 from eagle3.pipeline.runstate import RunState
+from eagle3.store import open_store
 from eagle3.serve.process import ServerProcess, group_alive
 
 SCRIPT = """
@@ -28,12 +29,12 @@ time.sleep(float(sys.argv[1]))
 def backend(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None, {"store.uri": f"file://{tmp_path}/store", "run_id": "loc"})
-    b = LocalBackend(cfg, RunState(tmp_path / ".eagle3/runs/loc"), cancel_grace_s=5)
+    b = LocalBackend(cfg, RunState(open_store(cfg.store.uri), "loc", tmp_path / ".eagle3/runs/loc"), cancel_grace_s=5)
     return b
 
 
 def _script_backend(b: LocalBackend, sleep: float) -> None:
-    b.stage_command = lambda stage, endpoint=None: [sys.executable, "-c", SCRIPT, str(sleep)]  # type: ignore[method-assign]
+    b.stage_command = lambda stage, endpoint=None, force=False: [sys.executable, "-c", SCRIPT, str(sleep)]  # type: ignore[method-assign]
 
 
 def _wait(b, h, timeout=60):
@@ -76,11 +77,14 @@ def test_progress_is_parsed_and_cancel_stops_the_process_group(backend):
     assert not group_alive(int(h.ref))
 
 
-def test_down_from_another_shell_stops_what_state_json_records(backend, tmp_path):
+def test_down_from_another_directory_stops_what_the_store_records(backend, tmp_path, monkeypatch):
     _script_backend(backend, 60)
     h = backend.submit("train")
     pid = int(h.ref)
-    other = LocalBackend(backend.cfg, RunState(tmp_path / ".eagle3/runs/loc"), cancel_grace_s=5)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # nothing of the run's local state is here
+    other = LocalBackend(backend.cfg, RunState(open_store(backend.cfg.store.uri), "loc"), cancel_grace_s=5)
     removed = other.down()
     assert removed == [f"stage train (process group {pid})"]
     assert not group_alive(pid)

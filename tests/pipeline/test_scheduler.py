@@ -8,7 +8,7 @@ import pytest
 
 from eagle3.config import load_config
 from eagle3.errors import ConfigError
-from eagle3.pipeline.runstate import RunState
+from eagle3.pipeline.runstate import RunState, read_state
 from eagle3.pipeline.scheduler import Scheduler, Selection
 from eagle3.stages import ORDER, STAGES
 from eagle3.store import open_store
@@ -25,7 +25,7 @@ def setup(tmp_path: Path, **cfg_over):
 
 def run(cfg, store, tmp_path, selection=None, **kw):
     backend = FakeBackend(cfg, store, durations=dict(DURATIONS), **kw)
-    state = RunState(tmp_path / "state")
+    state = RunState(store, cfg.run_id, tmp_path / "state")
     result = Scheduler(cfg, backend, store, selection, state=state, poll_interval=0.01).run()
     return backend, result, state
 
@@ -49,8 +49,8 @@ def test_runs_in_dag_order_with_vocab_overlapping_extract(tmp_path):
     gpu = sorted((b.runs[n].start, b.runs[n].end) for n in ORDER if STAGES[n].resource == "gpu")
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(gpu, gpu[1:]))
     # The state file records the same story for other shells.
-    assert {n: s["state"] for n, s in state.read(state.dir)["stages"].items()} == {n: "done" for n in ORDER}
-    assert state.read(state.dir)["serve"]["state"] == "stopped"
+    assert {n: s["state"] for n, s in read_state(store, cfg.run_id)["stages"].items()} == {n: "done" for n in ORDER}
+    assert read_state(store, cfg.run_id)["serve"]["state"] == "stopped"
     assert result.rows["train"].gpu_hours(0) > 0 and result.rows["vocab"].gpu_hours(0) is None
 
 

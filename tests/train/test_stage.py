@@ -30,6 +30,7 @@ from eagle3.train.metrics import parse_metrics
 from eagle3.config import PipelineConfig, load_config
 from tests.extract.pipeline import commit_generate, random_samples
 from tests.fixtures_targets import free_port
+from tests.committed import attempt_key, key_of
 
 TRAIN = {
     "train.max_steps": 6, "train.batch_tokens": 160, "train.max_seq_len": 48, "train.log_every": 1,
@@ -79,14 +80,14 @@ def test_train_commits_drafter_metrics_and_last_two_checkpoints(upstream, tmp_pa
     assert {"drafter.safetensors", "drafter_config.json", "metrics.jsonl", "loss.png"} <= set(keys)
     assert any(k.startswith("tensorboard/") for k in keys)
     assert sorted({k.split("/")[1] for k in m.keys("checkpoints/")}) == ["step-0000004", "step-0000006"]
-    assert not store.exists("t/train/checkpoints/step-0000002/state.json")
+    assert not store.exists(key_of(store, 't', "train", 'checkpoints/step-0000002/state.json'))
     assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
-    records = parse_metrics(store.get_bytes("t/train/metrics.jsonl").decode())
+    records = parse_metrics(store.get_bytes(key_of(store, 't', "train", 'metrics.jsonl')).decode())
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert {"loss", "lr", "grad_norm", "tokens_per_s", "loss_2", "acc_2", "data_wait_frac"} <= set(records[0])
     assert all(0 <= r["data_wait_frac"] <= 1 for r in records)
-    head = load_file(store.local_path("t/extract/target_head.safetensors"))
-    drafter = load_drafter(store.local_path("t/train/drafter.safetensors"), head["embed_tokens.weight"])
+    head = load_file(store.local_path(key_of(store, 't', "extract", 'target_head.safetensors')))
+    drafter = load_drafter(store.local_path(key_of(store, 't', "train", 'drafter.safetensors')), head["embed_tokens.weight"])
     assert drafter.config.draft_vocab_size == 64 and drafter.config.aux_layer_ids == stats["aux_layer_ids"]
 
 
@@ -96,7 +97,7 @@ def test_last_step_is_logged_when_the_data_ends_between_log_boundaries(upstream,
     cfg = fresh_config(upstream, tmp_path, **{"train.max_steps": 10_000, "train.log_every": 1000, "train.epochs": 1.0})
     stats = run_stage(cfg, "train")
     store = open_store(cfg.store.uri)
-    records = parse_metrics(store.get_bytes("t/train/metrics.jsonl").decode())
+    records = parse_metrics(store.get_bytes(key_of(store, 't', "train", 'metrics.jsonl')).decode())
     assert [r["step"] for r in records] == [stats["steps"]]
     assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
 
@@ -110,9 +111,9 @@ def test_profiled_steps_leave_a_summary_tables_and_a_trace_in_the_stage_output(u
     store = open_store(cfg.store.uri)
     keys = set(read_manifest(store, "t", "train").manifest.keys("profile/"))
     assert keys == {"profile/summary.json", "profile/host_ops.txt", "profile/trace.json.gz"}
-    summary = json.loads(store.get_bytes("t/train/profile/summary.json"))
+    summary = json.loads(store.get_bytes(key_of(store, 't', "train", 'profile/summary.json')))
     assert summary["top_host_ops"] and summary["top_host_ops"][0]["ms_per_step"] > 0
-    trace = json.loads(gzip.decompress(store.get_bytes("t/train/profile/trace.json.gz")))
+    trace = json.loads(gzip.decompress(store.get_bytes(key_of(store, 't', "train", 'profile/trace.json.gz'))))
     assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
     assert "train: profiled steps 2..3:" in capfd.readouterr().err
 
@@ -153,12 +154,12 @@ def test_stop_then_rerun_continues_the_same_loss_trajectory(upstream, tmp_path, 
         run_stage(cfg, "train")
     store = open_store(cfg.store.uri)
     assert read_manifest(store, "t", "train") is None
-    assert store.exists("t/train/checkpoints/step-0000003/state.json")
+    assert store.exists(attempt_key(store, 't', "train", 'checkpoints/step-0000003/state.json'))
     monkeypatch.undo()
     resumed = run_stage(cfg, "train")
     assert resumed["resumed_from_step"] == 3 and resumed["steps"] == 6
-    a = parse_metrics(open_store(f"file://{tmp_path / 'a' / 'store'}").get_bytes("t/train/metrics.jsonl").decode())
-    b = parse_metrics(store.get_bytes("t/train/metrics.jsonl").decode())
+    a = parse_metrics(open_store(f"file://{tmp_path / 'a' / 'store'}").get_bytes(key_of(open_store(f"file://{tmp_path / 'a' / 'store'}"), 't', "train", 'metrics.jsonl')).decode())
+    b = parse_metrics(store.get_bytes(key_of(store, 't', "train", 'metrics.jsonl')).decode())
     assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
     for ra, rb in zip(a, b):
         for k in ("loss", "loss_0", "loss_2", "acc_1", "grad_norm", "lr"):
@@ -196,8 +197,8 @@ def test_torchrun_two_cpu_processes_over_gloo(upstream, tmp_path, strategy):
     assert m.stats["world_size"] == 2 and m.stats["steps"] == 2 and m.stats["strategy"] == strategy
     assert sorted({k.split("/")[1] for k in m.keys("checkpoints/")}) == ["step-0000002"]
     assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
-    torch.testing.assert_close(load_file(store.local_path("t/train/drafter.safetensors"))["fc.weight"].sum(),
-                               load_file(store.local_path("t/train/checkpoints/step-0000002/model.safetensors"))["drafter.fc.weight"].sum())
+    torch.testing.assert_close(load_file(store.local_path(key_of(store, 't', "train", 'drafter.safetensors')))["fc.weight"].sum(),
+                               load_file(store.local_path(key_of(store, 't', "train", 'checkpoints/step-0000002/model.safetensors')))["drafter.fc.weight"].sum())
 
 
 def test_a_stalled_chain_is_named_in_one_line():

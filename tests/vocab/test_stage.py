@@ -23,6 +23,7 @@ from eagle3.store import open_store
 from eagle3.vocab.mapping import build_vocab_mapping, coverage, draft_to_target
 from eagle3.vocab.stage import deep_check
 from tests.fabricated_upstream import commit_fabricated_generate
+from tests.committed import key_of
 
 V = 1000
 N = 100
@@ -52,7 +53,7 @@ def fabricated_generate(tmp_path: Path) -> tuple[Path, torch.Tensor]:
     cfg = load_config(cfg_path)
     store = open_store(cfg.store.uri)
     commit_fabricated_generate(store, cfg, vocab_size=V)
-    counts = load_bytes(store.get_bytes("r1/generate/token_freq.safetensors"))["counts"]
+    counts = load_bytes(store.get_bytes(key_of(store, 'r1', "generate", 'token_freq.safetensors')))["counts"]
     return cfg_path, counts
 
 
@@ -66,10 +67,10 @@ def test_stage_commits_mapping_and_coverage(fabricated_generate: tuple[Path, tor
     m = read_manifest(store, "r1", "vocab")
     assert m is not None
     assert m.manifest.keys() == ["coverage.json", "coverage.png", "vocab_mapping.safetensors"]
-    tensors = load_bytes(store.get_bytes("r1/vocab/vocab_mapping.safetensors"))
+    tensors = load_bytes(store.get_bytes(key_of(store, 'r1', "vocab", 'vocab_mapping.safetensors')))
     want_d2t, want_t2d = build_vocab_mapping(counts, N)
     assert torch.equal(tensors["d2t"], want_d2t) and torch.equal(tensors["t2d"], want_t2d)
-    report = json.loads(store.get_bytes("r1/vocab/coverage.json"))
+    report = json.loads(store.get_bytes(key_of(store, 'r1', "vocab", 'coverage.json')))
     assert report["coverage"] == pytest.approx(coverage(counts, want_t2d), abs=1e-6)
     assert report["coverage"] == m.manifest.stats["coverage"]
     assert report["distinct_tokens_seen"] == int((counts > 0).sum())
@@ -77,7 +78,7 @@ def test_stage_commits_mapping_and_coverage(fabricated_generate: tuple[Path, tor
     assert (report["draft_vocab_size"], report["target_vocab_size"]) == (N, V)
     curve = {p["draft_vocab_size"]: p["coverage"] for p in report["coverage_curve"]}
     assert curve[N] == report["coverage"] and curve[V] == pytest.approx(1.0)
-    assert store.get_bytes("r1/vocab/coverage.png")[:8] == b"\x89PNG\r\n\x1a\n"
+    assert store.get_bytes(key_of(store, 'r1', "vocab", 'coverage.png'))[:8] == b"\x89PNG\r\n\x1a\n"
     # Verified deep (sha256 + content check) by the user's command; a rerun skips.
     r = _eagle3ctl("verify", "-c", str(cfg_path), "--stage", "vocab", "--deep")
     assert r.exit_code == 0 and "vocab: ok (3 objects, deep)" in r.stdout, r.output
@@ -96,7 +97,7 @@ def test_unseen_tokens_fill_the_vocab(tmp_path: Path) -> None:
     stats = run_stage(cfg, "vocab")
     assert stats is not None
     assert (stats["distinct_tokens_seen"], stats["unseen_filled"], stats["coverage"]) == (3, 5, 1.0)
-    d2t = load_bytes(store.get_bytes("r2/vocab/vocab_mapping.safetensors"))["d2t"]
+    d2t = load_bytes(store.get_bytes(key_of(store, 'r2', "vocab", 'vocab_mapping.safetensors')))["d2t"]
     assert draft_to_target(d2t).tolist() == [0, 1, 2, 3, 4, 7, 30, 40]
 
 
@@ -132,7 +133,7 @@ def test_deep_check_catches_a_tampered_mapping(fabricated_generate: tuple[Path, 
     t2d_bad[swap_out], t2d_bad[swap_in] = False, True
     ids = t2d_bad.nonzero().flatten()
     d2t_bad = ids - torch.arange(N)
-    coverage_json = store.get_bytes("r1/vocab/coverage.json")
+    coverage_json = store.get_bytes(key_of(store, 'r1', "vocab", 'coverage.json'))
     out = StageOutput(store, "r1", "vocab", good.manifest.input_key, good.manifest.upstream)
     out.begin()
     out.put_bytes("vocab_mapping.safetensors", save_bytes({"d2t": d2t_bad, "t2d": t2d_bad}))
@@ -140,7 +141,8 @@ def test_deep_check_catches_a_tampered_mapping(fabricated_generate: tuple[Path, 
     out.commit(good.manifest.stats)
     v = verify_stage(store, "r1", "vocab", deep=True, content_check=deep_check)
     assert not v.complete
-    assert v.problems == [f"{store.uri}/r1/vocab/vocab_mapping.safetensors is not the top-{N} mapping of generate/token_freq.safetensors"]
+    assert v.problems == [f"{store.uri}/{key_of(store, 'r1', 'vocab', 'vocab_mapping.safetensors')} is not the top-{N} "
+                          f"mapping of generate/token_freq.safetensors"]
     # A mapping that is not even self-consistent: t2d disagrees with d2t.
     out = StageOutput(store, "r1", "vocab", good.manifest.input_key, good.manifest.upstream)
     out.begin()

@@ -1,0 +1,229 @@
+"""Kill the tiny pipeline again and again, in every stage, then check nothing was lost or doubled.
+
+One uninterrupted run is the reference. A second run is killed at each point of ``KILLS`` in
+turn (SIGKILL or SIGINT to ``eagle3ctl``, or SIGKILL to a stage's process group), each
+attempt resuming the last; the final attempt runs to the end. Then: ``verify --deep``
+passes, every sample id is there once, the sample set is the reference's, no committed
+manifest changed after its commit, and no process of the run is left running.
+
+Set ``EAGLE3_RELIABILITY_REPORT=DIR`` to keep the figures (docs/reliability.md quotes them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3.data.tokenized import read_tokenized
+from eagle3.extract.shards import read_shard
+from eagle3.stages import ORDER
+from eagle3.store.local import LocalStore
+from tests.committed import path_of
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
+TRIAL_TIMEOUT_S = 420
+
+
+@dataclass(frozen=True)
+class Kill:
+    stage: str  # where the kill is meant to land
+    after: int  # ...once this many of the stage's objects were journaled in this attempt (0: once it runs)
+    signal: int
+    target: str  # "cli": eagle3ctl alone (its children live on); "stage": the stage's process group
+
+    def __str__(self) -> str:
+        return f"{self.stage}+{self.after} {signal.Signals(self.signal).name} {self.target}"
+
+
+KILLS = [
+    Kill("serve", 0, signal.SIGKILL, "cli"),
+    Kill("generate", 1, signal.SIGINT, "cli"),
+    Kill("generate", 1, signal.SIGKILL, "cli"),
+    Kill("generate", 1, signal.SIGKILL, "stage"),
+    Kill("vocab", 0, signal.SIGKILL, "cli"),
+    Kill("extract", 1, signal.SIGINT, "cli"),
+    Kill("extract", 1, signal.SIGKILL, "stage"),
+    Kill("train", 1, signal.SIGKILL, "cli"),
+    Kill("train", 1, signal.SIGINT, "cli"),
+    Kill("train", 0, signal.SIGKILL, "stage"),
+    Kill("export", 0, signal.SIGKILL, "cli"),
+    Kill("evaluate", 1, signal.SIGINT, "cli"),
+    Kill("evaluate", 1, signal.SIGKILL, "cli"),
+    Kill("evaluate", 0, signal.SIGKILL, "stage"),
+]
+
+
+def write_config(workdir: Path, cache: Path) -> Path:
+    cfg = yaml.safe_load(EXAMPLE.read_text())
+    cfg["run_id"] = "rel"
+    cfg["store"]["uri"] = f"file://{workdir / 'store'}"
+    cfg["target"]["cache_dir"] = str(cache)
+    cfg["generate"].update(max_samples=12, max_tokens=24, concurrency=2, part_size=2)
+    cfg["extract"].update(shard_tokens=160, batch_tokens=160)
+    cfg["train"].update(max_steps=24, checkpoint_every=3, log_every=3)
+    cfg["evaluate"].update(num_prompts=6, max_new_tokens=24)
+    path = workdir / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class Pipeline:
+    """``eagle3ctl run pipeline`` in a working directory, and what its store says."""
+
+    def __init__(self, workdir: Path, config: Path) -> None:
+        self.workdir, self.config, self.store = workdir, config, workdir / "store"
+        self.run = workdir / "store" / "rel"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
+
+    def start(self, log: Path) -> subprocess.Popen:
+        out = open(log, "wb")
+        return subprocess.Popen([sys.executable, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(self.config)],
+                                cwd=self.workdir, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "eagle3.cli.app", *args, "-c", str(self.config)],
+                              cwd=self.workdir, env=self.env, capture_output=True, text=True, timeout=600)
+
+    def state(self) -> dict:
+        try:
+            return json.loads((self.run / "_run/state.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def journaled(self, stage: str) -> int:
+        return sum(1 for _ in (self.run / stage).glob("attempt-*/_journal/**/*.json"))
+
+    def manifests(self) -> dict[str, bytes]:
+        return {n: (self.run / n / "manifest.json").read_bytes() for n in ORDER if (self.run / n / "manifest.json").exists()}
+
+
+def _running(state: dict, proc: subprocess.Popen, stage: str) -> bool:
+    if state.get("scheduler_pid") != proc.pid:
+        return False  # the record of an earlier attempt
+    if stage == "serve":
+        return state.get("serve", {}).get("state") == "starting" and bool(state.get("serve", {}).get("pid"))
+    return state.get("stages", {}).get(stage, {}).get("state") == "running"
+
+
+def kill_at(p: Pipeline, kill: Kill, log: Path) -> dict:
+    """Start an attempt, kill it where ``kill`` says; what happened."""
+    proc = p.start(log)
+    deadline = time.monotonic() + TRIAL_TIMEOUT_S
+    base = None
+    landed = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        state = p.state()
+        if _running(state, proc, kill.stage):
+            if base is None:
+                base = p.journaled(kill.stage)
+            if p.journaled(kill.stage) - base >= kill.after:
+                landed = kill.stage
+                break
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        return {"kill": str(kill), "landed": None, "rc": proc.returncode}
+    state = p.state()
+    if kill.target == "cli":
+        proc.send_signal(kill.signal)
+    else:
+        pid = state["stages"][kill.stage]["pid"] if kill.stage != "serve" else state["serve"]["pid"]
+        try:
+            os.killpg(pid, kill.signal)
+        except ProcessLookupError:
+            landed = None  # it finished just then
+    try:
+        rc = proc.wait(timeout=TRIAL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"{kill}: eagle3ctl did not stop; log {log}") from None
+    if kill.target == "cli" and kill.signal == signal.SIGINT:
+        assert rc in (0, 130), f"{kill}: Ctrl-C ended with {rc}; log {log}"
+    return {"kill": str(kill), "landed": landed, "rc": rc}
+
+
+def sample_ids(p: Pipeline) -> tuple[list[int], list[int], list[int], dict[int, str]]:
+    """Ids in generate's raw responses, its tokenized samples, and extract's shards; raw texts by id."""
+    store = LocalStore(p.store)
+    raw = [json.loads(ln) for ln in path_of(store, "rel", "generate", "raw_responses.jsonl").read_text().splitlines()]
+    tok = read_tokenized(path_of(store, "rel", "generate", "tokenized.safetensors"))
+    shards = []
+    for shard in sorted(path_of(store, "rel", "extract", "shards").glob("shard-*.safetensors")):
+        shards += [int(i) for i in read_shard(shard).sample_ids]
+    texts = {r["id"]: json.dumps(r.get("messages") or r.get("response") or r, sort_keys=True) for r in raw}
+    return [r["id"] for r in raw], [int(i) for i in tok.sample_ids], shards, texts
+
+
+def processes_of(workdir: Path) -> list[str]:
+    """Live processes started for this run: their environment carries its tag, or their command line the workdir."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            env = (d / "environ").read_bytes()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (f"@file://{workdir / 'store'}".encode() in env or str(workdir) in cmd):
+            found.append(f"{d.name}: {cmd[:200]}")
+    return found
+
+
+def test_killed_at_a_dozen_points_the_pipeline_loses_and_doubles_nothing(tmp_path: Path, tiny_cache_dir: Path) -> None:
+    ref_dir, run_dir = tmp_path / "reference", tmp_path / "killed"
+    ref_dir.mkdir(), run_dir.mkdir()
+    ref = Pipeline(ref_dir, write_config(ref_dir, tiny_cache_dir))
+    r = ref.cli("run", "pipeline")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ref_raw, ref_tok, ref_shards, ref_texts = sample_ids(ref)
+
+    p = Pipeline(run_dir, write_config(run_dir, tiny_cache_dir))
+    trials, committed = [], {}
+    for i, kill in enumerate(KILLS):
+        trial = kill_at(p, kill, run_dir / f"attempt-{i:02d}.log")
+        trials.append(trial)
+        now = p.manifests()
+        for name, raw in committed.items():
+            assert now.get(name) == raw, f"after {kill}: the committed manifest of {name} changed"
+        committed = now
+    r = p.cli("run", "pipeline")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    final = p.manifests()
+    assert set(final) == set(ORDER)
+    for name, raw in committed.items():
+        assert final[name] == raw, f"the committed manifest of {name} changed on the final resume"
+
+    v = p.cli("verify", "--deep")
+    assert v.returncode == 0, v.stdout + v.stderr
+    raw, tok, shards, texts = sample_ids(p)
+    lost = sorted(set(ref_tok) - set(tok))
+    duplicated = len(raw) - len(set(raw)) + len(tok) - len(set(tok)) + len(shards) - len(set(shards))
+    assert duplicated == 0, "a sample appears twice"
+    assert sorted(raw) == sorted(ref_raw) and sorted(tok) == sorted(ref_tok) and not lost
+    assert sorted(shards) == sorted(tok), "every tokenized sample is extracted exactly once"
+    assert texts == ref_texts, "a resumed generation answered differently from the uninterrupted one"
+    time.sleep(1)
+    assert processes_of(run_dir) == [] and processes_of(ref_dir) == [], "a process of the run is still alive"
+
+    landed = [t for t in trials if t["landed"]]
+    assert len(landed) >= 12, trials
+    assert {t["landed"] for t in landed} >= {"generate", "extract", "train", "export", "evaluate"}, trials
+    report = {"trials": len(trials), "kills_landed": len(landed), "survived": len(landed), "lost": len(lost),
+              "duplicated": duplicated, "samples": len(tok), "trials_detail": trials}
+    out = os.environ.get("EAGLE3_RELIABILITY_REPORT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "kill_resume.json").write_text(json.dumps(report, indent=2) + "\n")
