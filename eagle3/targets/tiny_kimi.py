@@ -122,6 +122,12 @@ def build_tokenizer(out_dir: Path, texts: list[str], vocab_size: int, model_max_
 
     write_tiktoken_tokenizer(out_dir, texts, vocab_size, model_max_length)
     fix_think_tags(out_dir)
+    # No image processor ships with the tiny target (it needs torchvision): the tokenizer is
+    # its processor, which is what `transformers serve` loads for a text-only chat.
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["processor_class"] = config["tokenizer_class"]
+    config_path.write_text(json.dumps(config, indent=1) + "\n")
     return AutoTokenizer.from_pretrained(out_dir)
 
 
