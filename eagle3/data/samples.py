@@ -16,8 +16,8 @@ import torch
 
 from eagle3.data.client import ChatOutcome
 from eagle3.data.prompts import Prompt
-from eagle3.data.reasoning import split_reasoning
-from eagle3.data.render import render_sample
+from eagle3.data.reasoning import REASONING_FIELDS, split_reasoning
+from eagle3.data.render import Generated, Unfaithful, build_sample, end_of_turn_id, think_tags_are_special
 from eagle3.data.tokenized import TokenizedSamples, from_lists
 
 # Exclusion reasons (keys of the metadata's ``excluded`` counts).
@@ -34,7 +34,18 @@ def outcome_record(prompt: Prompt, outcome: ChatOutcome) -> dict[str, Any]:
     split = split_reasoning(message)
     return {**rec, "response": message, "content": split.content, "reasoning": split.reasoning,
             "reasoning_source": split.source, "finish_reason": choice.get("finish_reason"),
+            "stop_reason": choice.get("stop_reason"), "token_ids": choice.get("token_ids"),
+            "prompt_token_ids": outcome.response.get("prompt_token_ids"),
             "usage": outcome.response.get("usage"), "error": None}
+
+
+def generated(rec: dict[str, Any]) -> Generated:
+    """The response of a record as the endpoint reported it: raw strings, server tokens if any."""
+    message = rec.get("response") or {}
+    reasoning = next((message[k] for k in REASONING_FIELDS if isinstance(message.get(k), str)), None)
+    return Generated(content=message.get("content") or "", reasoning=reasoning,
+                     finish_reason=rec.get("finish_reason"), token_ids=rec.get("token_ids"),
+                     prompt_token_ids=rec.get("prompt_token_ids"), stop_reason=rec.get("stop_reason"))
 
 
 def merge_records(*batches: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -56,7 +67,8 @@ class BuildStats:
     excluded: Counter = field(default_factory=Counter)
     reasoning_captured: int = 0
     reasoning_sources: Counter = field(default_factory=Counter)
-    reasoning_inlined: int = 0
+    response_tokens_from: Counter = field(default_factory=Counter)
+    prompt_tokens_differ: int = 0
     finish_reasons: Counter = field(default_factory=Counter)
     truncated_to_max_length: int = 0
     kept: int = 0
@@ -71,7 +83,8 @@ class BuildStats:
             "reasoning_captured": self.reasoning_captured,
             "reasoning_capture_rate": round(self.reasoning_captured / self.succeeded, 4) if self.succeeded else 0.0,
             "reasoning_sources": dict(sorted(self.reasoning_sources.items())),
-            "reasoning_inlined_for_template": self.reasoning_inlined,
+            "response_tokens_from": dict(sorted(self.response_tokens_from.items())),
+            "server_prompt_tokens_differ_from_template": self.prompt_tokens_differ,
             "finish_reasons": dict(sorted(self.finish_reasons.items())),
             "truncated_to_max_length": self.truncated_to_max_length,
             "tokens": self.tokens, "assistant_tokens": self.assistant_tokens,
@@ -83,8 +96,10 @@ def build_samples(records: list[dict[str, Any]], tokenizer: Any, max_length: int
     """Validate and tokenize records (sorted by id); marks each excluded record in place."""
     stats = BuildStats(requested=len(records))
     kept: list[tuple[int, list[int], list[int]]] = []
+    template = (end_of_turn_id(tokenizer), think_tags_are_special(tokenizer))
     for rec in records:
-        rec["excluded"] = _tokenize_one(rec, tokenizer, max_length, drop_truncated, require_reasoning, stats, kept)
+        rec["excluded"] = _tokenize_one(rec, tokenizer, template, max_length, drop_truncated, require_reasoning,
+                                        stats, kept)
         if rec["excluded"] is not None:
             stats.excluded[rec["excluded"]] += 1
     data = from_lists(kept)
@@ -94,8 +109,8 @@ def build_samples(records: list[dict[str, Any]], tokenizer: Any, max_length: int
     return data, stats
 
 
-def _tokenize_one(rec: dict[str, Any], tokenizer: Any, max_length: int, drop_truncated: bool,
-                  require_reasoning: bool, stats: BuildStats, kept: list) -> str | None:
+def _tokenize_one(rec: dict[str, Any], tokenizer: Any, template: tuple[int | None, bool], max_length: int,
+                  drop_truncated: bool, require_reasoning: bool, stats: BuildStats, kept: list) -> str | None:
     if rec.get("error") is not None:
         stats.failed += 1
         return FAILED
@@ -109,11 +124,13 @@ def _tokenize_one(rec: dict[str, Any], tokenizer: Any, max_length: int, drop_tru
         return EMPTY
     if require_reasoning and not reasoning:
         return NO_REASONING
-    if rec.get("reasoning_source") == "unterminated":
-        # Cut inside the think block: render the text as generated, without a closing tag.
-        content, reasoning = (rec.get("response") or {}).get("content") or "", None
-    ids, mask, inlined = render_sample(tokenizer, rec["messages"], content, reasoning)
-    stats.reasoning_inlined += int(inlined)
+    try:
+        sample = build_sample(tokenizer, rec["messages"], generated(rec), eot_id=template[0], tags_special=template[1])
+    except Unfaithful as e:
+        return e.reason
+    stats.response_tokens_from[sample.response_from] += 1
+    stats.prompt_tokens_differ += int(sample.prompt_differs)
+    ids, mask = sample.input_ids, sample.loss_mask
     if len(ids) > max_length:
         if drop_truncated:
             return TOO_LONG

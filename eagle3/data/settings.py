@@ -23,3 +23,6 @@ class GenerateSettings(BaseModel):
     system_prompt: str | None = Field(None, description="System message prepended to prompts that have none.")
     seed: int = Field(0, description="Seed passed to the server and used for prompt shuffling.")
     part_size: int = Field(256, ge=1, description="Samples per durable part object (the unit of resume).")
+    return_token_ids: bool | None = Field(None, description="Ask the server for the prompt's and the response's "
+                                          "token ids (vLLM's return_token_ids), so samples hold exactly the tokens "
+                                          "the target generated; default: on when serve.engine is vllm.")

@@ -123,6 +123,18 @@ async def _preflight(client: ChatClient, endpoint: str, model: str) -> None:
                          "set target.served_name to the served model name")
 
 
+def request_extras(cfg: Any) -> dict[str, Any]:
+    """Fields beyond OpenAI's that the request carries: vLLM's ``return_token_ids`` (vLLM 0.22.1
+    ``entrypoints/openai/chat_completion/protocol.py``: ``choices[].token_ids``, ``prompt_token_ids``)."""
+    wanted = cfg.generate.return_token_ids
+    if wanted is None:  # auto serves with vLLM where it is installed (the serve image)
+        from importlib.util import find_spec
+
+        wanted = cfg.serve.engine == "vllm" or (cfg.serve.engine == "auto" and cfg.serve.endpoint is None
+                                                and find_spec("vllm") is not None)
+    return {"return_token_ids": True} if wanted else {}
+
+
 def run(ctx: StageContext) -> dict[str, Any]:
     cfg, g = ctx.cfg, ctx.cfg.generate
     if ctx.output is None:
@@ -139,7 +151,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     done = {r["id"] for r in recovered if r.get("error") is None}
     todo = [p for p in prompts if p.sample_id not in done]
     params = ChatParams(model=served_model_name(cfg.target), max_tokens=g.max_tokens, temperature=g.temperature,
-                        top_p=g.top_p, seed=g.seed)
+                        top_p=g.top_p, seed=g.seed, extra=request_extras(cfg))
     t0 = time.monotonic()
     new = asyncio.run(_generate(ctx, todo, params, next_part, len(done), len(prompts))) if todo else []
     gen_s = time.monotonic() - t0

@@ -58,7 +58,13 @@ class DrafterConfig:
 
     @classmethod
     def from_target(cls, target: Any, settings: DrafterSettings, draft_vocab_size: int, aux_layer_ids: list[int]) -> DrafterConfig:
-        """Shape the drafter after a target HF config (object or dict); settings override."""
+        """Shape the drafter after a target HF config (object or dict); settings override.
+
+        A multimodal wrapper's (Kimi-K2.5's) fields are read from its ``text_config``.
+        """
+        text = target.get("text_config") if isinstance(target, dict) else getattr(target, "text_config", None)
+        if text is not None:
+            target = text
         get = (lambda k, d=None: target.get(k, d)) if isinstance(target, dict) else (lambda k, d=None: getattr(target, k, d))
         target_hidden = int(get("hidden_size"))
         hidden = settings.hidden_size or target_hidden
@@ -84,10 +90,16 @@ class DrafterConfig:
             vocab_size=int(get("vocab_size")),
             draft_vocab_size=int(draft_vocab_size),
             rms_norm_eps=settings.rms_norm_eps,
-            rope_theta=settings.rope_theta,
-            max_position_embeddings=settings.max_position_embeddings,
+            rope_theta=settings.rope_theta or target_rope_theta(get),
+            max_position_embeddings=settings.max_position_embeddings or int(get("max_position_embeddings") or 8192),
             aux_layer_ids=[int(i) for i in aux_layer_ids],
         )
+
+
+def target_rope_theta(get: Any) -> float:
+    """The target's RoPE base: ``rope_parameters`` (transformers >= 5), else ``rope_theta``, else 10000."""
+    params = get("rope_parameters") or get("rope_scaling") or {}
+    return float(params.get("rope_theta") or get("rope_theta") or 10000.0)
 
 
 class RMSNorm(nn.Module):

@@ -221,9 +221,12 @@ def _evaluate_vllm(ctx: StageContext, prompts: list[list[int]]) -> dict[str, Any
 def run(ctx: StageContext) -> dict[str, Any]:
     from eagle3.targets.load import load_tokenizer
 
+    from eagle3.targets.fit import check_fit
+
     out = ctx.output
     if out is None:
         return {}
+    check_fit(ctx.cfg, "evaluate")
     ev = ctx.cfg.evaluate
     held = held_out_prompts(ctx.cfg)
     tokenizer = load_tokenizer(ctx.cfg.target)

@@ -24,7 +24,7 @@ from eagle3.drafter.adapter import CONFIG as DRAFTER_CONFIG
 from eagle3.drafter.adapter import EXPORT_KEYS, WEIGHTS as DRAFTER_WEIGHTS, check_weights, expected_shapes
 from eagle3.drafter.model import DrafterConfig
 from eagle3.errors import ConfigError, StageError
-from eagle3.export.vllm_config import ARCHITECTURE, build_vllm_config
+from eagle3.export.vllm_config import ARCHITECTURE, build_vllm_config, position_limit_problem, target_max_positions
 from eagle3.extract.shards import INDEX
 from eagle3.manifest import Manifest, committed_key
 from eagle3.store import ObjectStore, local_copy
@@ -137,6 +137,13 @@ def run(ctx: StageContext) -> dict[str, Any]:
         problems.append(f"drafter was configured with aux ids {dcfg.aux_layer_ids}, extract captured {aux_ids}")
     if dcfg.target_hidden_size != index["hidden_size"]:
         problems.append(f"drafter target_hidden_size {dcfg.target_hidden_size} != extract hidden_size {index['hidden_size']}")
+    from eagle3.targets.load import load_target_config
+
+    target_max = target_max_positions(load_target_config(ctx.cfg.target))
+    limit = position_limit_problem(dcfg.max_position_embeddings, target_max,
+                                   ctx.cfg.drafter.max_position_embeddings is not None)
+    if limit:
+        problems.append(limit)
     if problems:
         raise StageError(problems[0])
 
@@ -152,6 +159,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "sglang_aux_layer_ids": to_sglang(aux_ids),
         "draft_vocab_size": dcfg.draft_vocab_size,
         "target_vocab_size": dcfg.vocab_size,
+        "max_position_embeddings": dcfg.max_position_embeddings,
+        "target_max_position_embeddings": target_max,
         "parameters": sum(t.numel() for k, t in tensors.items() if k not in ("d2t", "t2d")),
         "dtype": "bfloat16",
     }

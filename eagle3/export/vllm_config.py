@@ -65,6 +65,26 @@ def build_vllm_config(drafter: DrafterConfig, aux_layer_ids: list[int], torch_dt
     }
 
 
+def target_max_positions(config: Any) -> int | None:
+    """The target's position limit (a multimodal wrapper's from its ``text_config``)."""
+    text = getattr(config, "text_config", None) or config
+    value = getattr(text, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def position_limit_problem(drafter_max: int, target_max: int | None, overridden: bool) -> str | None:
+    """Why a drafter's ``max_position_embeddings`` would cut drafting short, or None.
+
+    vLLM drafts only while a sequence fits min(drafter, target) positions (its drafter
+    max_model_len); a drafter below the target stops proposing on long thinking traces.
+    A smaller limit set on purpose (``drafter.max_position_embeddings``) is allowed.
+    """
+    if target_max is None or drafter_max >= target_max or overridden:
+        return None
+    return (f"drafter max_position_embeddings {drafter_max} < the target's {target_max}: vLLM would stop drafting "
+            f"past {drafter_max} tokens; leave drafter.max_position_embeddings unset to follow the target")
+
+
 def drafter_config_from_export(config: dict[str, Any]) -> DrafterConfig:
     """The inverse of :func:`build_vllm_config`: what evaluate needs to rebuild the drafter."""
     return DrafterConfig.from_dict({**config, "aux_layer_ids": list(config["eagle_aux_hidden_state_layer_ids"])})

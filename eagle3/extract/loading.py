@@ -47,10 +47,10 @@ def load_target(settings: TargetSettings, device: torch.device) -> Any:
     dtype = resolve_dtype(settings.dtype, device)
     if not needs_device_map(source, device):
         return load_target_model(settings, device, dtype)
-    from transformers import AutoModelForCausalLM
+    from eagle3.targets.load import auto_model_class
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto_model_class(settings).from_pretrained(
             source, dtype=dtype, device_map="auto", trust_remote_code=settings.trust_remote_code
         )
     except (OSError, ValueError, ImportError) as e:

@@ -7,6 +7,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from eagle3.processes import ProcsPerNode
 
 
+class VllmExtractSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tensor_parallel_size: int | None = Field(None, ge=1, description="Default: every visible GPU.")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    hidden_states_dir: str = Field("/dev/shm/eagle3-hidden-states", description="Where vLLM's connector writes each "
+                                   "request's file before it is read into a shard and deleted (RAM-backed: "
+                                   "bounded by one shard's samples).")
+    enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile (the final-hidden hook wraps the "
+                                "model's forward).")
+
+
 class ExtractSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -16,6 +28,11 @@ class ExtractSettings(BaseModel):
     storage_dtype: str = Field("bfloat16", pattern="^(bfloat16|float8_e4m3fn|float32)$",
                                description="bfloat16, or float8_e4m3fn with a per-row scale (half the bytes).")
     device: str = Field("auto", description="auto, cpu, cuda, or cuda:N.")
+    engine: str = Field("hf", pattern="^(hf|vllm)$", description="hf: transformers forward passes with hooks "
+                        "(targets that fit the node in the load dtype); vllm: the target in vLLM with the "
+                        "extract_hidden_states method and a hidden-states connector (Kimi-K2.5: INT4 as shipped), "
+                        "run in the serve image.")
+    vllm: VllmExtractSettings = Field(default_factory=lambda: VllmExtractSettings())
     nproc_per_node: ProcsPerNode = Field("auto", description="Processes per node (torchrun; auto = GPUs, or 1 on CPU): the "
                                       "shards are dealt to them, each on its own GPU; a target too large for one GPU "
                                       "is spread over the node's GPUs by local rank 0 alone.")

@@ -58,8 +58,14 @@ def run(ctx: StageContext) -> dict[str, Any]:
     from eagle3.extract.loading import needs_device_map
     from eagle3.targets.load import hidden_size, load_target_config, num_layers, resolve_target, target_vocab_size
 
+    from eagle3.targets.fit import check_fit
+
     settings, tset = ctx.cfg.extract, ctx.cfg.target
+    check_fit(ctx.cfg, "extract")
     ranks = Ranks.from_env()
+    if settings.engine == "vllm" and ranks.world > 1:
+        raise StageError("extract.engine=vllm runs one process (vLLM spreads the target over the GPUs itself); "
+                         "set extract.nproc_per_node: 1")
     ranks.join()
     out = ctx.output  # rank 0: begins, includes every rank's shards, commits
     writer = ctx.object_writer()
@@ -94,7 +100,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     stats = ShardStats()
     wall = 0.0
-    if todo or (out is not None and not head_done):
+    if settings.engine == "vllm":
+        wall = _extract_vllm(ctx, data, todo, aux_ids, hidden, head_done, config, writer, stats)
+    elif todo or (out is not None and not head_done):
         model = load_target(tset, device)
         if out is not None and not head_done:
             path = ctx.scratch / TARGET_HEAD
@@ -138,6 +146,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "num_layers": n_layers,
         "target_vocab_size": vocab,
         "storage_dtype": settings.storage_dtype,
+        "engine": settings.engine,
         "num_samples": len(data),
         "num_tokens": data.num_tokens,
         "shards": [{"name": shard_name(p.index), "num_samples": p.end - p.first, "num_tokens": p.num_tokens}
@@ -147,6 +156,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     padding = 1 - real / padded if padded else 0.0
     return {
         "aux_layer_ids": aux_ids,
+        "engine": settings.engine,
         "storage_dtype": settings.storage_dtype,
         "hidden_bytes_per_token": bytes_per_token(hidden, settings.storage_dtype),
         "samples": len(data),
@@ -160,6 +170,40 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "tokens_per_s": round(real / wall, 1) if wall else None,
         "padding_ratio": round(padding, 4),
     }
+
+
+def _extract_vllm(ctx: StageContext, data: Any, todo: list, aux_ids: list[int], hidden: int, head_done: bool,
+                  config: Any, writer: ObjectWriter, stats: ShardStats) -> float:
+    """The shards left, through the target in vLLM; the target head read from the checkpoint."""
+    from safetensors.torch import save_file
+
+    from eagle3.extract import vllm_engine
+    from eagle3.targets.checkpoint import checkpoint_dir, target_head_tensors
+    from eagle3.targets.load import resolve_target
+
+    out, settings = ctx.output, ctx.cfg.extract
+    assert out is not None
+    source = resolve_target(ctx.cfg.target)
+    if not head_done:
+        root = checkpoint_dir(source, ctx.cfg.target.cache_dir)
+        path = ctx.scratch / TARGET_HEAD
+        save_file(target_head_tensors(root, bool(getattr(config, "tie_word_embeddings", False))), str(path))
+        out.put_file(TARGET_HEAD, path)
+        path.unlink()
+    if not todo:
+        return 0.0
+    longest = int(data.lengths().max())
+    llm, params = vllm_engine.open_llm(ctx.cfg, source, aux_ids, longest + 1)
+    total, done, t0 = sum(p.num_tokens for p in todo), 0, time.perf_counter()
+    with ShardWriter(writer) as shards:
+        for p in todo:
+            shard = vllm_engine.extract_shard_vllm(llm, params, data, p, hidden, settings.storage_dtype, stats)
+            shards.submit(p.index, shard)
+            del shard
+            done += p.num_tokens
+            ctx.progress(done, total, "tokens", shard=p.index,
+                         tokens_per_s=round(stats.real_tokens / max(time.perf_counter() - t0, 1e-9), 1))
+    return time.perf_counter() - t0
 
 
 def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:

@@ -17,7 +17,7 @@ from eagle3.errors import StageError
 from eagle3.targets.settings import TargetSettings
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_TARGETS = {"tiny-llama": "llama", "tiny-deepseek": "deepseek"}
+BUILTIN_TARGETS = {"tiny-llama": "llama", "tiny-deepseek": "deepseek", "tiny-kimi": "kimi"}
 
 
 def builtin_arch(model: str) -> str | None:
@@ -89,15 +89,34 @@ def resolve_dtype(setting: str, device: str | torch.device) -> torch.dtype:
     return getattr(torch, setting)
 
 
+def auto_model_class(settings: TargetSettings) -> Any:
+    """The transformers auto class that loads the target with its lm_head.
+
+    Multimodal wrappers (Kimi-K2.5: ``kimi_k25``, a vision tower around a DeepseekV3 text
+    model) are image-text-to-text models in transformers, not causal LMs; remote-code
+    targets name their class in ``auto_map`` and load as causal LMs.
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    config = load_target_config(settings)
+    remote = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    mtype = getattr(config, "model_type", "")
+    if not remote and mtype not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and mtype in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
 def load_target_model(settings: TargetSettings, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None) -> Any:
     """The target in eval mode on ``device``; ``dtype`` defaults to the settings' (auto)."""
-    from transformers import AutoModelForCausalLM
-
     source = resolve_target(settings)
     if dtype is None or isinstance(dtype, str):
         dtype = resolve_dtype(dtype or settings.dtype, device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=settings.trust_remote_code)
+        model = auto_model_class(settings).from_pretrained(source, dtype=dtype, trust_remote_code=settings.trust_remote_code)
     except (OSError, ValueError) as e:
         raise StageError(f"cannot load target model from {source}: {_first_line(e)}") from None
     return model.to(device).eval()

@@ -5,6 +5,9 @@ Two architectures, each small enough that a 512-token forward takes milliseconds
 - ``llama``: ``LlamaForCausalLM`` (GQA, SwiGLU, RoPE).
 - ``deepseek``: ``DeepseekV3ForCausalLM`` with MLA (q/kv LoRA ranks, split rope/nope
   head dims) and MoE (routed + shared experts, first layer dense): Kimi-K2.5's shape.
+- ``kimi``: that DeepseekV3 text model inside Kimi-K2.5's multimodal wrapper, with a
+  tiktoken-style tokenizer carrying Kimi's special tokens and a chat template that behaves
+  like Kimi-K2.5's (:mod:`eagle3.targets.tiny_kimi`).
 
 Both share a byte-level BPE tokenizer trained in-process on a built-in corpus, saved as a
 ``PreTrainedTokenizerFast`` with a chat template that renders an assistant message's
@@ -31,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-ARCHS = ("llama", "deepseek")
+ARCHS = ("llama", "deepseek", "kimi")
 # Bump when the recipe changes: cached builds are keyed by it.
 RECIPE_VERSION = 2
 COMPLETE_MARKER = ".eagle3-tiny-target.json"
@@ -138,7 +141,7 @@ def tiny_config(arch: str, vocab_size: int, pad_id: int, bos_id: int, eos_id: in
         from transformers import LlamaConfig
 
         return LlamaConfig(intermediate_size=128, num_key_value_heads=2, head_dim=16, **common)
-    if arch == "deepseek":
+    if arch in ("deepseek", "kimi"):
         from transformers import DeepseekV3Config
 
         return DeepseekV3Config(
@@ -164,6 +167,8 @@ def build_tiny_target(arch: str, out_dir: Path, seed: int = 0) -> Path:
         raise ValueError(f"unknown tiny target architecture {arch!r}; choose one of {', '.join(ARCHS)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if arch == "kimi":
+        return _build_tiny_kimi(out_dir, seed)
     tokenizer = train_tokenizer(seed)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config = tiny_config(arch, _padded_vocab(len(tokenizer)), ids[PAD], ids[BOS], ids[IM_END])
@@ -175,6 +180,26 @@ def build_tiny_target(arch: str, out_dir: Path, seed: int = 0) -> Path:
     )
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def _build_tiny_kimi(out_dir: Path, seed: int) -> Path:
+    """Kimi-K2.5's wrapper around the tiny DeepseekV3; vocab = base + 256 special slots, unpadded, as Kimi's."""
+    from transformers import AutoModelForImageTextToText, GenerationConfig
+
+    from eagle3.targets import tiny_kimi
+    from eagle3.targets.tiny_pretrain import pretrain
+
+    tokenizer = tiny_kimi.build_tokenizer(out_dir, corpus(seed=seed), TOKENIZER_VOCAB, MAX_POSITIONS)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (tiny_kimi.PAD, tiny_kimi.BOS, tiny_kimi.IM_END)}
+    text = tiny_config("kimi", len(tokenizer), ids[tiny_kimi.PAD], ids[tiny_kimi.BOS], ids[tiny_kimi.IM_END])
+    config = tiny_kimi.kimi_config(text, len(tokenizer) - tiny_kimi.NUM_SPECIAL_SLOTS, len(tokenizer))
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    pretrain(model, tokenizer, seed)
+    model.generation_config = GenerationConfig(bos_token_id=ids[tiny_kimi.BOS], eos_token_id=ids[tiny_kimi.IM_END],
+                                               pad_token_id=ids[tiny_kimi.PAD], do_sample=False)
+    model.save_pretrained(out_dir)
     return out_dir
 
 

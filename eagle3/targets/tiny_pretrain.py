@@ -73,14 +73,24 @@ def synthetic_chats(n: int = PRETRAIN_CHATS, seed: int = 0) -> list[list[dict]]:
 
 def _examples(tokenizer, chats: list[list[dict]]) -> list[tuple[list[int], list[int]]]:
     """(input_ids, labels) per chat; labels are -100 except on the final assistant turn."""
+    from eagle3.data.reasoning import THINK_CLOSE
+    from eagle3.data.render import opens_think_block
+
     out = []
     for chat in chats:
         head = tokenizer.apply_chat_template(chat[:-1], tokenize=False, add_generation_prompt=True)
-        full = tokenizer.apply_chat_template(chat, tokenize=False)
-        assert full.startswith(head)
+        if opens_think_block(head):
+            # Kimi-style: the prompt opens <think> and the template blanks a finished turn's
+            # reasoning, so the reply is written as the target should generate it.
+            last = chat[-1]
+            reply = last["reasoning_content"] + THINK_CLOSE + last["content"] + "<|im_end|>"
+        else:
+            full = tokenizer.apply_chat_template(chat, tokenize=False)
+            assert full.startswith(head)
+            # The template ends the turn with "<|im_end|>\n": train up to and including <|im_end|>.
+            reply = full[len(head):].rstrip("\n")
         head_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
-        # The template ends the turn with "<|im_end|>\n": train up to and including <|im_end|>.
-        reply_ids = tokenizer(full[len(head):].rstrip("\n"), add_special_tokens=False)["input_ids"]
+        reply_ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
         out.append((head_ids + reply_ids, [-100] * len(head_ids) + reply_ids))
     return out
 

@@ -67,3 +67,41 @@ def test_merge_prefers_success_then_latest():
     assert merge_records([ok_old], [fail])[1] is ok_old
     assert merge_records([fail], [ok_old])[1] is ok_old
     assert merge_records([ok_old], [ok_new])[1] is ok_new
+
+
+def _kimi_ok(sid, content, reasoning=None, finish="stop", **choice):
+    msg = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    body = {"choices": [{"message": msg, "finish_reason": finish, **choice}], "usage": {}}
+    return outcome_record(Prompt(sid, USER), ChatOutcome(sid, body))
+
+
+def test_kimi_samples_are_built_as_generated_and_unfaithful_ones_excluded(tiny_target_dir):
+    kimi = AutoTokenizer.from_pretrained(tiny_target_dir("kimi"))
+    eot = kimi.convert_tokens_to_ids("<|im_end|>")
+    records = [
+        _kimi_ok(0, "4.", "think"),  # reasoning parser
+        _kimi_ok(1, "", "think"),  # parser, no content, stopped: the close tag is unknowable
+        _kimi_ok(2, "4.", "think", token_ids=[7, 8, eot]),  # the server's own tokens
+        _kimi_ok(3, "4.", "think", finish="abort"),
+    ]
+    data, stats = build_samples(records, kimi, max_length=256, drop_truncated=True, require_reasoning=False)
+    s = stats.as_dict()
+    assert data.sample_ids.tolist() == [0, 2]
+    assert s["excluded"] == {"not_finished": 1, "reasoning_end_unknown": 1}
+    assert s["response_tokens_from"] == {"server_tokens": 1, "text": 1}
+    assert "reasoning_inlined_for_template" not in s
+    ids, mask = data.sample(0)
+    assert kimi.decode(ids[mask.bool()].tolist()) == "think</think>4.<|im_end|>"
+    ids, mask = data.sample(1)
+    assert ids[mask.bool()].tolist() == [7, 8, eot]
+    assert [r["excluded"] for r in records] == [None, "reasoning_end_unknown", None, "not_finished"]
+
+
+def test_return_token_ids_is_asked_of_vllm_only():
+    from eagle3.config import PipelineConfig
+    from eagle3.data.stage import request_extras
+
+    assert request_extras(PipelineConfig(serve={"engine": "vllm"})) == {"return_token_ids": True}
+    assert request_extras(PipelineConfig(serve={"engine": "transformers"})) == {}
+    assert request_extras(PipelineConfig(serve={"engine": "transformers"}, generate={"return_token_ids": True})) == {
+        "return_token_ids": True}

@@ -143,3 +143,53 @@ def test_check_export_names_problems():
     assert any("to_sglang" in p for p in export_stage.check_export(bad, meta, None))
     meta2 = {**meta, "fc.weight": ((64, 100), "bfloat16")}
     assert any("fc.weight" in p for p in export_stage.check_export(c, meta2, None))
+
+
+def _kimi_like_target(max_positions=262144):
+    from transformers import DeepseekV3Config
+    from transformers.models.kimi_k25.configuration_kimi_k25 import Kimi_K25Config
+
+    text = DeepseekV3Config(hidden_size=7168, num_attention_heads=64, num_key_value_heads=64, intermediate_size=18432,
+                            vocab_size=163840, max_position_embeddings=max_positions,
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 64.0,
+                                             "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                                             "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})
+    return Kimi_K25Config(text_config=text)
+
+
+def test_drafter_positions_follow_the_target():
+    from eagle3.drafter.settings import DrafterSettings
+
+    target = _kimi_like_target()
+    config = build_vllm_config(DrafterConfig.from_target(target, DrafterSettings(), 32000, [2, 30, 58]), [2, 30, 58])
+    assert config["max_position_embeddings"] == 262144  # was the settings default, 8192
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 50000.0
+    assert config["rope_parameters"]["rope_type"] == "default" and config["rope_scaling"] is None  # what we train
+    assert config["hidden_size"] == config["target_hidden_size"] == 7168 and config["vocab_size"] == 163840
+    mine = DrafterConfig.from_target(target.to_dict(), DrafterSettings(max_position_embeddings=131072, rope_theta=1e6),
+                                     32000, [2, 30, 58])
+    assert (mine.max_position_embeddings, mine.rope_theta) == (131072, 1e6)
+
+
+def test_position_limit_problem():
+    from eagle3.export.vllm_config import position_limit_problem, target_max_positions
+
+    assert target_max_positions(_kimi_like_target()) == 262144
+    assert "vLLM would stop drafting past 8192 tokens" in position_limit_problem(8192, 262144, overridden=False)
+    assert position_limit_problem(8192, 262144, overridden=True) is None
+    assert position_limit_problem(262144, 262144, overridden=False) is None
+    assert position_limit_problem(8192, None, overridden=False) is None
+
+
+def test_export_refuses_a_drafter_shorter_than_the_target(tmp_path, tiny_target_dir):
+    from eagle3.errors import StageError
+
+    short = pipeline_config(tmp_path / "store", tiny_target_dir("deepseek"), **{"drafter.max_position_embeddings": 512})
+    commit_generate(short, random_samples(2), tmp_path)
+    run_stage(short, "extract")
+    commit_vocab(short, torch.arange(1024, 0, -1), 64, tmp_path)
+    commit_untrained_train(short, 64, tmp_path)
+    plain = pipeline_config(tmp_path / "store", tiny_target_dir("deepseek"))
+    with pytest.raises(StageError, match="drafter max_position_embeddings 512 < the target's 4096"):
+        run_stage(plain, "export")
+    assert run_stage(short, "export")["max_position_embeddings"] == 512  # set on purpose: allowed
