@@ -48,13 +48,15 @@ STAGES: dict[str, StageSpec] = {
         StageSpec("vocab", ("generate",), ("vocab",), "cpu", "eagle3.vocab.stage:run", "eagle3.vocab.stage:deep_check",
                   "draft vocab: top-N assistant tokens, d2t/t2d mapping"),
         StageSpec("extract", ("generate",), ("target", "extract"), "gpu", "eagle3.extract.stage:run",
-                  "eagle3.extract.stage:deep_check", "aux + final hidden states of the target, in shards"),
+                  "eagle3.extract.stage:deep_check", "aux + final hidden states of the target, in shards",
+                  preflight="eagle3.targets.fit:preflight_extract"),
         StageSpec("train", ("extract", "vocab"), ("drafter", "train"), "gpu", "eagle3.train.stage:run",
                   "eagle3.train.stage:deep_check", "EAGLE-3 drafter training with TTT"),
         StageSpec("export", ("train", "extract", "vocab"), (), "cpu", "eagle3.export.stage:run",
                   "eagle3.export.stage:deep_check", "vLLM/SGLang-loadable drafter directory"),
         StageSpec("evaluate", ("export", "generate"), ("target", "evaluate"), "gpu", "eagle3.evaluate.stage:run",
-                  "eagle3.evaluate.stage:deep_check", "acceptance length on held-out prompts"),
+                  "eagle3.evaluate.stage:deep_check", "acceptance length on held-out prompts",
+                  preflight="eagle3.targets.fit:preflight_evaluate"),
     ]
 }
 

@@ -27,7 +27,7 @@ from eagle3.extract.run import HostStaging, ShardStats, extract_shard
 from eagle3.extract.shards import INDEX, SHARD_DIR, STORAGE_DTYPES, TARGET_HEAD, read_shard, shard_name
 from eagle3.extract.writer import ShardWriter
 from eagle3.extract.parallel import Ranks, my_share
-from eagle3.manifest import Manifest, ObjectEntry, committed_key
+from eagle3.manifest import Manifest, ObjectEntry, ObjectWriter, committed_key
 from eagle3.store import ObjectStore, local_copy
 from eagle3.targets.aux_layers import resolve_aux_layer_ids
 

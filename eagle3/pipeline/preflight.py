@@ -81,7 +81,7 @@ def check_run(cfg: PipelineConfig, to_run: set[str], echo: Callable[[str], None]
         echo(f"preflight: target {cfg.target.model} is not on this machine; its checks run in the stages")
     else:
         problems += _target_problems(cfg, to_run, *found)
-    problems += _stage_hooks(cfg, to_run)
+        problems += _stage_hooks(cfg, to_run)  # they read the target too (e.g. does it fit the engine)
     if problems:
         raise ConfigError("; ".join(problems))
 

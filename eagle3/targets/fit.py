@@ -226,3 +226,18 @@ def check_fit(cfg: Any, stage: str, gpus: Gpus | None = None) -> None:
     problem = fit_problem(weight_bytes(config, DTYPE_BYTES[dtype]), engine, gpus, setting)
     if problem:
         raise ConfigError(f"{setting}={engine}: {cfg.target.model}: {problem}")
+
+
+def preflight(cfg: Any, stage: str) -> None:
+    """The DAG preflight's fit check (``StageSpec.preflight``): on the local backend, against this
+    machine's GPUs; on Kubernetes the node's GPUs are not here, and the stage checks in its pod."""
+    if cfg.backend == "local":
+        check_fit(cfg, stage)
+
+
+def preflight_extract(cfg: Any) -> None:
+    preflight(cfg, "extract")
+
+
+def preflight_evaluate(cfg: Any) -> None:
+    preflight(cfg, "evaluate")

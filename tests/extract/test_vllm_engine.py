@@ -11,6 +11,7 @@ from eagle3.extract import vllm_engine
 from eagle3.extract.shards import read_shard
 from eagle3.extract.vllm_plugin import append_final_hidden
 from eagle3.store import open_store
+from tests.committed import key_of
 from tests.extract.pipeline import commit_generate, pipeline_config, random_samples
 from tests.extract.vllm_double import SamplingParamsDouble, VllmLLMDouble
 
@@ -25,7 +26,7 @@ def double(monkeypatch):
 
 def _shards(cfg, engine):
     store = open_store(cfg.store.uri)
-    keys = sorted(k for k in store.list(f"t/extract/shards/"))
+    keys = sorted(store.list(key_of(store, "t", "extract", "shards")))
     return [read_shard(store.local_path(k)) for k in keys]
 
 
@@ -46,11 +47,12 @@ def test_vllm_engine_writes_the_shards_the_hf_engine_writes(tmp_path, tiny_targe
         torch.testing.assert_close(a.aux_hidden, b.aux_hidden, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(a.final_hidden, b.final_hidden, atol=1e-5, rtol=1e-5)
     store = open_store(runs["vllm"][0].store.uri)
-    hf_head = open_store(runs["hf"][0].store.uri).local_path("t/extract/target_head.safetensors").read_bytes()
+    hf_store = open_store(runs["hf"][0].store.uri)
+    hf_head = hf_store.local_path(key_of(hf_store, "t", "extract", "target_head.safetensors")).read_bytes()
     from safetensors.torch import load_file
 
-    got, want = (load_file(str(p)) for p in (store.local_path("t/extract/target_head.safetensors"),
-                                              open_store(runs["hf"][0].store.uri).local_path("t/extract/target_head.safetensors")))
+    got, want = (load_file(str(p)) for p in (store.local_path(key_of(store, "t", "extract", "target_head.safetensors")),
+                                              hf_store.local_path(key_of(hf_store, "t", "extract", "target_head.safetensors"))))
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
     assert hf_head
     assert not list((tmp_path / "hs").iterdir())  # every connector file read and deleted
