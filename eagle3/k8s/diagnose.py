@@ -67,6 +67,14 @@ def job_complete(job: dict) -> bool:
     return any(c.get("type") == "Complete" and c.get("status") == "True" for c in job.get("status", {}).get("conditions", []))
 
 
+def pod_scheduled(pod: dict) -> bool:
+    """Placed on a node (its containers may still be pulling or loading)."""
+    st = pod.get("status", {})
+    if st.get("containerStatuses") or st.get("phase") not in (None, "Pending"):
+        return True
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in st.get("conditions", []))
+
+
 def pod_ready(pod: dict) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in pod.get("status", {}).get("conditions", []))
 

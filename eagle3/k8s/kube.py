@@ -26,10 +26,10 @@ KINDS: dict[str, tuple[str, str]] = {
     "Pod": ("CoreV1Api", "namespaced_pod"),
     "Event": ("CoreV1Api", "namespaced_event"),
     "ServiceAccount": ("CoreV1Api", "namespaced_service_account"),
-    "Role": ("RbacAuthorizationV1Api", "namespaced_role"),
-    "RoleBinding": ("RbacAuthorizationV1Api", "namespaced_role_binding"),
+    "NetworkPolicy": ("NetworkingV1Api", "namespaced_network_policy"),
 }
 JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
+REQUEST_TIMEOUT_S = 60.0  # one API request; a hung connection must not hang the run
 
 
 class KubeError(Eagle3Error):
@@ -52,17 +52,30 @@ class Forbidden(KubeError):
     pass
 
 
+class Conflict(KubeError):
+    """409 on update: the object changed since it was read (a stale resourceVersion)."""
+
+
+class Invalid(KubeError):
+    """422: the API server rejected the object (schema or validation)."""
+
+
 class Gone(KubeError):
     """410: the watch's resourceVersion is too old; list again and watch from the new one."""
 
 
 def _error(e: Any, what: str) -> KubeError:
     status = getattr(e, "status", 0) or 0
+    reason = ""
     try:
-        message = json.loads(e.body).get("message") or e.reason
+        body = json.loads(e.body)
+        message, reason = body.get("message") or e.reason, body.get("reason", "")
     except Exception:
         message = getattr(e, "reason", None) or str(e)
-    cls = {404: NotFound, 409: AlreadyExists, 403: Forbidden, 410: Gone}.get(status, KubeError)
+    if status == 409:
+        cls: type[KubeError] = Conflict if reason == "Conflict" else AlreadyExists
+    else:
+        cls = {404: NotFound, 403: Forbidden, 410: Gone, 422: Invalid}.get(status, KubeError)
     return cls(f"{what}: {message}", status)
 
 
@@ -116,7 +129,7 @@ class KubeClient:
             raise _error(e, what) from None
 
     def _raw(self, kind: str, verb: str, *args: Any, **kwargs: Any) -> dict:
-        resp = self._call(kind, verb, *args, _preload_content=False, **kwargs)
+        resp = self._call(kind, verb, *args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
         return json.loads(resp.data)
 
     # -- verbs
@@ -133,7 +146,7 @@ class KubeClient:
         return data.get("items", []), data.get("metadata", {}).get("resourceVersion", "")
 
     def create(self, obj: dict) -> dict:
-        return self._raw(obj["kind"], "create", body=obj) if obj["kind"] != "JobSet" else self._call("JobSet", "create", obj)
+        return self._raw(obj["kind"], "create", body=obj)
 
     def replace(self, obj: dict) -> dict:
         return self._raw(obj["kind"], "replace", obj["metadata"]["name"], body=obj)
@@ -143,7 +156,8 @@ class KubeClient:
         from kubernetes.client import V1DeleteOptions
 
         try:
-            self._call(kind, "delete", name, body=V1DeleteOptions(propagation_policy=propagation))
+            self._call(kind, "delete", name, body=V1DeleteOptions(propagation_policy=propagation),
+                       _request_timeout=REQUEST_TIMEOUT_S)
         except NotFound:
             return False
         return True
@@ -162,9 +176,12 @@ class KubeClient:
             func = getattr(getattr(self._client, api_cls)(self._api_client), f"list_{suffix}")
             args = (self.namespace,)
         w = watch.Watch()
+        seconds = max(1, int(timeout_s))
         try:
-            for ev in w.stream(func, *args, resource_version=resource_version,
-                               timeout_seconds=max(1, int(timeout_s)), allow_watch_bookmarks=True, **kw):
+            # timeout_seconds also turns off the client's own silent retry after a 410: it raises instead.
+            # Not deserialize=False: with it, the client (v37) fails on an ERROR event (KeyError 'raw_object').
+            for ev in w.stream(func, *args, resource_version=resource_version, timeout_seconds=seconds,
+                               allow_watch_bookmarks=True, _request_timeout=seconds + REQUEST_TIMEOUT_S, **kw):
                 yield ev["type"], ev["raw_object"]
         except self._client.ApiException as e:
             raise _error(e, f"watch {kind}") from None
@@ -177,7 +194,8 @@ class KubeClient:
             kw["tail_lines"] = tail
         api = self._client.CoreV1Api(self._api_client)
         try:
-            resp = api.read_namespaced_pod_log(pod, self.namespace, _preload_content=False, **kw)
+            resp = api.read_namespaced_pod_log(pod, self.namespace, _preload_content=False,
+                                               _request_timeout=REQUEST_TIMEOUT_S, **kw)
         except self._client.ApiException:
             return []  # the container has not started (or the pod is gone): no log yet
         return resp.data.decode(errors="replace").splitlines()
@@ -197,7 +215,7 @@ class KubeClient:
                                                   "resource": sub[0], "subresource": sub[1] if len(sub) > 1 else ""}}}
         api = self._client.AuthorizationV1Api(self._api_client)
         try:
-            resp = api.create_self_subject_access_review(review, _preload_content=False)
+            resp = api.create_self_subject_access_review(review, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S)
         except self._client.ApiException as e:
             raise _error(e, "can-i") from None
         return bool(json.loads(resp.data).get("status", {}).get("allowed"))

@@ -37,7 +37,7 @@ def test_helm_template_gives_the_same_objects_as_eagle3ctl_render(prod_cfg, tmp_
     templated = helm_template(values_file, release_name(prod_cfg), "ml")
     rendered = render_run(prod_cfg)
     assert templated == rendered
-    assert len(rendered) == 13  # 3 RBAC, ConfigMap, PVC, Service, Deployment, 6 Jobs
+    assert len(rendered) == 14  # 3 RBAC, ConfigMap, PVC, NetworkPolicy, Service, Deployment, 6 Jobs
 
 
 def test_install_defaults_prepare_a_namespace_only():
@@ -45,7 +45,9 @@ def test_install_defaults_prepare_a_namespace_only():
     with helm.Chart.load(CHART) as chart:
         objects = parse_manifests(chart.render(None, name="eagle3", namespace="ml", is_install=True))
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == ["ConfigMap", "Pod", "Role", "RoleBinding", "ServiceAccount"]
+    assert kinds == ["ConfigMap", "Pod", "Role", "RoleBinding", "Secret", "ServiceAccount"]
+    key = by_name(objects, "Secret", "eagle3-serve-api-key")  # the server's API key, random, kept on uninstall
+    assert key["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" and len(key["data"]["api-key"]) >= 48
     test_pod = by_name(objects, "Pod", "-test")
     assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert test_pod["spec"]["containers"][0]["command"][:3] == ["python", "-m", "eagle3.k8s.selfcheck"]

@@ -21,7 +21,8 @@ def test_kimi_example_is_a_complete_valid_run_for_one_8_gpu_node():
     ns = cfg.kubernetes.namespace
     # complete: setup, config, server, and one Job per stage
     assert {o["metadata"]["name"] for o in objects if o["kind"] == "Job"} == {f"eagle3-{cfg.run_id}-{s}" for s in STAGES}
-    for kind in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "PersistentVolumeClaim", "Deployment", "Service"):
+    for kind in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "PersistentVolumeClaim", "Deployment", "Service",
+                 "NetworkPolicy"):
         assert any(o["kind"] == kind for o in objects), kind
     # the whole node, for the server and every GPU stage
     dep = by_name(objects, "Deployment", "-serve")
@@ -40,11 +41,13 @@ def test_kimi_example_is_a_complete_valid_run_for_one_8_gpu_node():
     pod_cfg = PipelineConfig.model_validate(config)
     assert pod_cfg.target.aux_layer_ids == [2, 30, 58] and pod_cfg.target.vocab_size == 163840
     assert pod_cfg.store.uri == cfg.store.uri and pod_cfg.backend == "kubernetes"
-    # credentials by reference; every pod non-root
+    # credentials by reference, each where its stage needs it; every pod non-root
     for name, spec in pod_specs(objects):
         env = {e["name"]: e for e in spec["containers"][0]["env"]}
-        assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "eagle3-s3", name
-        assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "eagle3-hf", name
+        if not name.endswith("-serve"):
+            assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "eagle3-s3", name
+        if name.endswith(("-serve", "-extract", "-train", "-evaluate")):
+            assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "eagle3-hf", name
         assert spec["securityContext"]["runAsNonRoot"] is True
     gen = by_name(objects, "Job", "-generate")["spec"]["template"]["spec"]["containers"][0]["command"]
     assert gen[gen.index("--endpoint") + 1] == f"http://eagle3-{cfg.run_id}-serve.{ns}.svc:8000/v1"
