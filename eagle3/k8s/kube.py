@@ -127,6 +127,9 @@ class KubeClient:
             return method(self.namespace, **kwargs)
         except self._client.ApiException as e:
             raise _error(e, what) from None
+        except ValueError as e:  # the client's own validation of a body (pydantic), before sending
+            lines = [ln.strip() for ln in str(e).splitlines()[1:3]]  # the field, then why
+            raise KubeError(f"{what}: the kubernetes client refused the object: {': '.join(lines) or e}") from None
 
     def _raw(self, kind: str, verb: str, *args: Any, **kwargs: Any) -> dict:
         resp = self._call(kind, verb, *args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
@@ -164,29 +167,36 @@ class KubeClient:
 
     def watch(self, kind: str, resource_version: str, selector: str | None = None,
               field_selector: str | None = None, timeout_s: float = 1.0) -> Iterator[tuple[str, dict]]:
-        """(type, object) events after ``resource_version``; raises Gone when it is too old."""
-        from kubernetes import watch
+        """(type, object) events after ``resource_version``; raises Gone when it is too old.
+
+        Read straight off the list call with watch=true, not through ``kubernetes.watch.Watch``:
+        that one turns every event into a model class (which refuses objects with a missing
+        field), and with ``deserialize=False`` it fails on an ERROR event (v37: KeyError
+        'raw_object'), which is how the server says 410 in the middle of a stream.
+        """
+        from kubernetes.watch.watch import iter_resp_lines
 
         kw = {k: v for k, v in (("label_selector", selector), ("field_selector", field_selector)) if v}
-        if kind == "JobSet":
-            api = self._client.CustomObjectsApi(self._api_client)
-            func, args = api.list_namespaced_custom_object, (*JOBSET[:2], self.namespace, JOBSET[2])
-        else:
-            api_cls, suffix = KINDS[kind]
-            func = getattr(getattr(self._client, api_cls)(self._api_client), f"list_{suffix}")
-            args = (self.namespace,)
-        w = watch.Watch()
         seconds = max(1, int(timeout_s))
         try:
-            # timeout_seconds also turns off the client's own silent retry after a 410: it raises instead.
-            # Not deserialize=False: with it, the client (v37) fails on an ERROR event (KeyError 'raw_object').
-            for ev in w.stream(func, *args, resource_version=resource_version, timeout_seconds=seconds,
-                               allow_watch_bookmarks=True, _request_timeout=seconds + REQUEST_TIMEOUT_S, **kw):
-                yield ev["type"], ev["raw_object"]
-        except self._client.ApiException as e:
-            raise _error(e, f"watch {kind}") from None
+            resp = self._call(kind, "list", watch=True, resource_version=resource_version, timeout_seconds=seconds,
+                              allow_watch_bookmarks=True, _preload_content=False,
+                              _request_timeout=seconds + REQUEST_TIMEOUT_S, **kw)
+        except KubeError as e:
+            raise e.__class__(f"watch {kind}: {e}", e.status) from None
+        try:
+            for line in iter_resp_lines(resp):
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    st = event.get("object") or {}
+                    cls = Gone if st.get("code") == 410 else KubeError
+                    raise cls(f"watch {kind}: {st.get('message') or st.get('reason') or 'error'}", st.get("code") or 0)
+                yield event["type"], event["object"]
         finally:
-            w.stop()
+            resp.close()
+            resp.release_conn()
 
     def logs(self, pod: str, container: str | None = None, tail: int | None = None) -> list[str]:
         kw: dict[str, Any] = {"container": container} if container else {}

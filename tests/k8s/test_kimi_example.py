@@ -27,14 +27,14 @@ def test_kimi_example_is_a_complete_valid_run_for_one_8_gpu_node():
     # the whole node, for the server and every GPU stage
     dep = by_name(objects, "Deployment", "-serve")
     serve = dep["spec"]["template"]["spec"]["containers"][0]
-    assert serve["resources"]["limits"]["nvidia.com/gpu"] == serve["resources"]["requests"]["nvidia.com/gpu"] == 8
+    assert serve["resources"]["limits"]["nvidia.com/gpu"] == serve["resources"]["requests"]["nvidia.com/gpu"] == "8"
     cmd = serve["command"]
     assert cmd[:3] == ["vllm", "serve", "moonshotai/Kimi-K2.5"]
     assert cmd[cmd.index("--tensor-parallel-size") + 1] == "8"
     assert cmd[cmd.index("--reasoning-parser") + 1] == "kimi_k2" and "--trust-remote-code" in cmd
     for stage in ("extract", "train", "evaluate"):
         c = by_name(objects, "Job", f"-{stage}")["spec"]["template"]["spec"]["containers"][0]
-        assert c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"] == 8
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"] == "8"
         assert c["image"] == cfg.kubernetes.image
     # the pods read the run's config: aux layer ids in vLLM's convention for L = 61
     config = yaml.safe_load(by_name(objects, "ConfigMap", "-config")["data"]["config.yaml"])

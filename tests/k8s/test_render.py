@@ -28,14 +28,14 @@ def test_gpu_pods_request_the_whole_node_and_cpu_jobs_none(prod_cfg):
     objects = render_run(prod_cfg)
     for stage in GPU_STAGES:
         res = by_name(objects, "Job", f"-{stage}")["spec"]["template"]["spec"]["containers"][0]["resources"]
-        assert res["limits"]["nvidia.com/gpu"] == 8 and res["requests"]["nvidia.com/gpu"] == 8, stage
+        assert res["limits"]["nvidia.com/gpu"] == "8" and res["requests"]["nvidia.com/gpu"] == "8", stage
     for stage in CPU_STAGES:
         job = by_name(objects, "Job", f"-{stage}")
         res = job["spec"]["template"]["spec"]["containers"][0]["resources"]
         assert "nvidia.com/gpu" not in res["limits"] and res["limits"]["memory"] == res["requests"]["memory"]
         assert job["spec"]["template"]["spec"]["containers"][0]["image"] == prod_cfg.kubernetes.cpu_image
     serve = by_name(objects, "Deployment", "-serve")["spec"]["template"]["spec"]
-    assert serve["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert serve["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
     # placement constraints go to GPU pods only
     for stage in GPU_STAGES:
         spec = by_name(objects, "Job", f"-{stage}")["spec"]["template"]["spec"]

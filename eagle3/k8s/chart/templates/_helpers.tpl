@@ -183,7 +183,8 @@ runtimeClassName: {{ . }}
 Guaranteed QoS, the last class the kubelet evicts under memory pressure. */}}
 {{- define "eagle3.gpuResources" -}}
 {{- $r := dict "cpu" (toString .Values.gpu.cpu) "memory" .Values.gpu.memory }}
-{{- if gt (int .Values.gpu.perNode) 0 }}{{ $_ := set $r .Values.gpu.resourceName (int .Values.gpu.perNode) }}{{ end }}
+{{- /* a quantity as a string: the kubernetes Python client (v37) refuses an integer quantity before sending */ -}}
+{{- if gt (int .Values.gpu.perNode) 0 }}{{ $_ := set $r .Values.gpu.resourceName (toString (int .Values.gpu.perNode)) }}{{ end }}
 limits:
   {{- toYaml $r | nindent 2 }}
 requests:
