@@ -266,3 +266,33 @@ def test_default_values_list_the_registry_stages():
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     assert [s["name"] for s in values["run"]["stages"]] == list(STAGES)
     assert [s["resource"] for s in values["run"]["stages"]] == [s.resource for s in STAGES.values()]
+
+
+def qos_class(spec: dict) -> str:
+    """The QoS class the kubelet gives a pod (the rules of pkg/apis/core/helper/qos)."""
+    res = [c.get("resources", {}) for c in spec["containers"]]
+    if all(r.get("limits", {}).get(k) and r["limits"][k] == r.get("requests", {}).get(k) for r in res for k in ("cpu", "memory")):
+        return "Guaranteed"
+    return "Burstable" if any(r.get("requests") or r.get("limits") for r in res) else "BestEffort"
+
+
+def test_gpu_pods_are_guaranteed_with_the_shm_counted(prod_cfg):
+    objects = render_run(prod_cfg)
+    for name, spec in pod_specs(objects):
+        assert qos_class(spec) == "Guaranteed", name  # never evicted before BestEffort/Burstable pods
+    for stage in [*GPU_STAGES, "serve"]:
+        kind = "Deployment" if stage == "serve" else "Job"
+        c = by_name(objects, kind, f"-{stage}")["spec"]["template"]["spec"]["containers"][0]
+        # 8 GPUs: 8 CPUs and 96Gi each by default, plus the 64Gi memory-backed /dev/shm
+        assert c["resources"]["requests"] == {"cpu": "64", "memory": "832Gi", "nvidia.com/gpu": "8"}, stage
+    k8s = prod_cfg.kubernetes.model_copy(update={"gpu_cpu": "100", "gpu_memory": "1500Gi", "shm_size": "512Mi"})
+    objects = render_run(prod_cfg.model_copy(update={"kubernetes": k8s}))
+    res = by_name(objects, "Job", "-train")["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert res["limits"] == res["requests"] == {"cpu": "100", "memory": "1536512Mi", "nvidia.com/gpu": "8"}
+
+
+def test_a_cpu_only_cluster_gives_gpu_class_pods_the_cpu_resources_plus_shm():
+    cfg = load_config(None, {"store.uri": "s3://b/p", "kubernetes.gpus_per_node": 0, "kubernetes.shm_size": "1Gi",
+                             "kubernetes.cpu_resources": {"cpu": "500m", "memory": "2Gi"}})
+    res = by_name(render_run(cfg), "Job", "-extract")["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert res["limits"] == res["requests"] == {"cpu": "500m", "memory": "3Gi"}
