@@ -190,6 +190,17 @@ def render_yaml(cfg: PipelineConfig, namespace: str | None = None) -> str:
     return yaml.safe_dump_all(render_run(cfg, namespace), sort_keys=False, explicit_start=True)
 
 
+def install_values(cfg: PipelineConfig, controller: bool = False) -> dict[str, Any]:
+    """Values for ``helm install -f``: the namespace setup, this run's ConfigMap and the test
+    hook, exactly as eagle3ctl renders them; the run's Jobs stay with eagle3ctl (run.objects
+    false) or, with ``controller``, with the in-cluster controller, which submits them one by one."""
+    values = values_from_config(cfg)
+    values["run"]["objects"] = False
+    values["controller"]["enabled"] = controller
+    values["tests"]["enabled"] = True
+    return values
+
+
 def stage_objects(objects: list[dict], stage: str) -> list[dict]:
     """The objects that run one stage: its Job (or JobSet) and, multi-node, its headless Service."""
     return [o for o in objects if o["metadata"].get("labels", {}).get("eagle3.io/stage") == stage]

@@ -318,3 +318,36 @@ def test_no_credential_value_reaches_a_log_line_or_reason(backend, api):
     for value in SECRET_VALUES.values():
         assert value not in text
         assert all(value not in str(obj) for obj in api.objects.values())
+
+
+def test_local_prompts_are_uploaded_before_the_first_job_and_the_pods_read_the_copy(tmp_path, clock):
+    import yaml
+
+    from eagle3.config import load_config
+    from tests.k8s.conftest import make_backend, prepared_api
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b'{"prompt": "hi"}\n')
+    cfg = load_config(None, {"run_id": "up", "store.uri": f"file://{tmp_path}/store", "kubernetes.store_pvc": "store",
+                             "generate.prompts": str(prompts), "kubernetes.gpus_per_node": 0})
+    api = prepared_api(cfg)
+    backend = make_backend(cfg, api, clock)
+    backend.submit("generate", input_key=KEY)
+    [uploaded] = [line for line in backend.echoed if "uploaded" in line]
+    assert uploaded.startswith(f"generate.prompts: uploaded {prompts}")
+    config = yaml.safe_load(api.objects[("ConfigMap", "eagle3-up-config")]["data"]["config.yaml"])
+    assert config["generate"]["prompts"].startswith(f"file://{tmp_path}/store/up/inputs/")
+    assert (tmp_path / "store" / config["generate"]["prompts"].split("/store/", 1)[1]).read_bytes() == b'{"prompt": "hi"}\n'
+
+
+def test_a_missing_local_prompts_file_stops_the_first_submit_naming_the_field(tmp_path, clock):
+    from eagle3.config import load_config
+    from eagle3.errors import ConfigError
+    from tests.k8s.conftest import make_backend, prepared_api
+
+    cfg = load_config(None, {"run_id": "up", "store.uri": f"file://{tmp_path}/store", "kubernetes.store_pvc": "store",
+                             "generate.prompts": str(tmp_path / "gone.jsonl")})
+    api = prepared_api(cfg.model_copy(update={"generate": cfg.generate.model_copy(update={"prompts": "builtin:tiny-prompts"})}))
+    with pytest.raises(ConfigError, match="generate.prompts: file not found"):
+        make_backend(cfg, api, clock).submit("generate", input_key=KEY)
+    assert not [c for c in api.calls if c[0] == "create"]
