@@ -64,7 +64,9 @@ def job_failure(job: dict) -> str | None:
 
 
 def job_complete(job: dict) -> bool:
-    return any(c.get("type") == "Complete" and c.get("status") == "True" for c in job.get("status", {}).get("conditions", []))
+    """A Job's Complete condition, or a JobSet's Completed one (JobSet names it differently)."""
+    return any(c.get("type") in ("Complete", "Completed") and c.get("status") == "True"
+               for c in job.get("status", {}).get("conditions", []))
 
 
 def pod_scheduled(pod: dict) -> bool:

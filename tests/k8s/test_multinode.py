@@ -112,3 +112,15 @@ def test_a_config_error_on_one_node_fails_the_stage_at_once(mn):
     outcome = backend.poll(h)
     assert not outcome.succeeded and outcome.reason.startswith("exit code 2")
     assert ("delete", "Job", h.ref, "Foreground") not in api.calls
+
+
+def test_a_jobset_is_followed_to_its_completed_condition(prod_cfg, clock):
+    cfg = two_nodes(prod_cfg, multi_node="jobset")
+    api = prepared_api(cfg)
+    backend = make_backend(cfg, api, clock)
+    h = backend.submit("train", input_key=KEY)
+    assert ("JobSet", h.ref) in api.objects
+    assert backend.poll(h) is None
+    job_status(api, h.ref, "Completed", "AllJobsCompleted", "jobset completed successfully", kind="JobSet")
+    assert backend.poll(h).succeeded  # JobSet says Completed, not Complete
+    assert backend.attach("train", KEY).extra["kind"] == "JobSet"
