@@ -80,3 +80,15 @@ def test_upload_to_s3_and_read_back_as_the_pods_do(s3_store_uri, prompts):
     uri = with_inputs(cfg, items).generate.prompts
     assert uri.startswith(s3_store_uri + "/r1/inputs/")
     assert read_prompts_bytes(uri) == PROMPTS
+
+
+@pytest.mark.xfail(strict=True, reason="waits for the input key to hash the content of local files the config names "
+                   "(eagle3.context.stage_input_key, the lead's rework): today it hashes the path, so the key eagle3ctl "
+                   "checks and the key the pod commits differ; strict: passes, and so fails here, once that lands")
+def test_the_upload_does_not_change_the_generate_input_key(tmp_path, prompts):
+    from eagle3.context import stage_input_key
+    from eagle3.stages import STAGES
+
+    cfg = cfg_for(f"file://{tmp_path}/store", prompts)
+    pod_cfg = with_inputs(cfg, local_inputs(cfg))
+    assert stage_input_key(cfg, STAGES["generate"], {}) == stage_input_key(pod_cfg, STAGES["generate"], {})

@@ -33,7 +33,7 @@ def backend(tmp_path, monkeypatch):
 
 
 def _script_backend(b: LocalBackend, sleep: float) -> None:
-    b.stage_command = lambda stage, endpoint=None: [sys.executable, "-c", SCRIPT, str(sleep)]  # type: ignore[method-assign]
+    b.stage_command = lambda stage, endpoint=None, force=False: [sys.executable, "-c", SCRIPT, str(sleep)]  # type: ignore[method-assign]
 
 
 def _wait(b, h, timeout=60):
