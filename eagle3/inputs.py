@@ -1,16 +1,18 @@
 """Local files a config names (prompts), as content: what goes into the input key.
 
 A stage's input key hashes the sha256 of the prompt file, not its path: editing the file
-reruns generate, moving it does not, and a copy uploaded elsewhere (a Kubernetes pod reads
-it from the store) keys the same. The digests the CLI saw are recorded in the run's store
-prefix (``<run_id>/_run/inputs.json``) so a stage that is complete still verifies after the
-local file is gone.
+reruns generate, moving it does not, and its copy uploaded for Kubernetes pods
+(``<run_id>/inputs/<sha256>/<name>`` in the store, ``eagle3.pipeline.inputs``) keys the same,
+its digest read from its key. The digests the CLI saw are recorded in the run's store prefix
+(``<run_id>/_run/inputs.json``) so a stage that is complete still verifies after the local
+file is gone.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +22,14 @@ from eagle3.store import ObjectStore
 # (section, field) of settings whose value may be a local file the stage reads.
 FILE_FIELDS: tuple[tuple[str, str], ...] = (("generate", "prompts"), ("evaluate", "prompts"))
 RECORD = "_run/inputs.json"
+UPLOADED = re.compile(r"/inputs/([0-9a-f]{64})/[^/]+$")  # a copy in the run's store, named by its sha256
 
 
 def local_file(value: Any) -> Path | None:
-    """The local path a setting names, or None for builtin:, s3:// and unset values."""
-    if not isinstance(value, str) or not value or value.startswith(("builtin:", "s3://", "store:")):
+    """The local path a setting names, or None for builtin:, s3://, uploaded copies and unset values."""
+    if not isinstance(value, str) or not value or value.startswith(("builtin:", "s3://")) or UPLOADED.search(value):
         return None
-    return Path(value).expanduser()
+    return Path(value[len("file://"):] if value.startswith("file://") else value).expanduser()
 
 
 def sha256_file(path: Path) -> str:
@@ -46,7 +49,11 @@ def _record(store: ObjectStore, run_id: str) -> dict[str, str]:
 
 
 def file_digest(value: Any, store: ObjectStore | None = None, run_id: str | None = None) -> str | None:
-    """sha256 of the file a setting names: read from disk, else as recorded for this run."""
+    """sha256 of the file a setting names: from an uploaded copy's key, read from disk, else as
+    recorded for this run; None for builtin: and other s3:// values."""
+    uploaded = UPLOADED.search(value) if isinstance(value, str) else None
+    if uploaded:
+        return uploaded.group(1)
     path = local_file(value)
     if path is None:
         return None

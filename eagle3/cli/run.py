@@ -9,6 +9,8 @@ import typer
 
 from eagle3.cli.common import BackendOpt, ConfigOpt, RunIdOpt, StoreOpt, config_from, one_line_errors
 
+CancelOpt = Annotated[bool, typer.Option("--cancel", help="Kubernetes: Ctrl-C deletes the running Jobs (default: they run on, and the next run attaches to them).")]
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run the pipeline, or one stage, on the configured backend.")
 
 
@@ -32,6 +34,13 @@ def _announce(config: Path | None, cfg: object) -> None:
         typer.echo(line)
 
 
+def _cancel(cfg: object, cancel: bool) -> object:
+    if not cancel:
+        return cfg
+    k8s = cfg.kubernetes.model_copy(update={"cancel_on_interrupt": True})  # type: ignore[attr-defined]
+    return cfg.model_copy(update={"kubernetes": k8s})  # type: ignore[attr-defined]
+
+
 @app.command("pipeline")
 @one_line_errors
 def pipeline(
@@ -42,12 +51,13 @@ def pipeline(
     start: Annotated[Optional[str], typer.Option("--from", help="Run this stage and the stages after it only.")] = None,
     until: Annotated[Optional[str], typer.Option("--until", help="Run this stage and the stages before it only.")] = None,
     force: Annotated[Optional[list[str]], typer.Option("--force", help="Rerun this stage (and so its dependents) even if complete.")] = None,
+    cancel: CancelOpt = False,
 ) -> None:
     """Run every stage in DAG order; stages complete for the same input key are skipped, partial ones resume."""
     from eagle3.pipeline.runner import run_pipeline
     from eagle3.pipeline.scheduler import Selection
 
-    cfg = config_from(config, run_id, store, backend)
+    cfg = _cancel(config_from(config, run_id, store, backend), cancel)
     _announce(config, cfg)
     _finish(run_pipeline(cfg, Selection(start=start, until=until, force=tuple(force or ())), typer.echo))
 
@@ -61,12 +71,13 @@ def stage(
     store: StoreOpt = None,
     backend: BackendOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Rerun even if complete.")] = False,
+    cancel: CancelOpt = False,
 ) -> None:
     """Run one stage on the backend (its upstream stages must be complete); starts the server for generate."""
     from eagle3.pipeline.runner import run_pipeline
     from eagle3.pipeline.scheduler import Selection
 
-    cfg = config_from(config, run_id, store, backend)
+    cfg = _cancel(config_from(config, run_id, store, backend), cancel)
     _announce(config, cfg)
     _finish(run_pipeline(cfg, Selection(only=(name,), force=(name,) if force else ()), typer.echo))
 

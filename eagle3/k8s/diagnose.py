@@ -64,7 +64,17 @@ def job_failure(job: dict) -> str | None:
 
 
 def job_complete(job: dict) -> bool:
-    return any(c.get("type") == "Complete" and c.get("status") == "True" for c in job.get("status", {}).get("conditions", []))
+    """A Job's Complete condition, or a JobSet's Completed one (JobSet names it differently)."""
+    return any(c.get("type") in ("Complete", "Completed") and c.get("status") == "True"
+               for c in job.get("status", {}).get("conditions", []))
+
+
+def pod_scheduled(pod: dict) -> bool:
+    """Placed on a node (its containers may still be pulling or loading)."""
+    st = pod.get("status", {})
+    if st.get("containerStatuses") or st.get("phase") not in (None, "Pending"):
+        return True
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in st.get("conditions", []))
 
 
 def pod_ready(pod: dict) -> bool:

@@ -26,10 +26,10 @@ KINDS: dict[str, tuple[str, str]] = {
     "Pod": ("CoreV1Api", "namespaced_pod"),
     "Event": ("CoreV1Api", "namespaced_event"),
     "ServiceAccount": ("CoreV1Api", "namespaced_service_account"),
-    "Role": ("RbacAuthorizationV1Api", "namespaced_role"),
-    "RoleBinding": ("RbacAuthorizationV1Api", "namespaced_role_binding"),
+    "NetworkPolicy": ("NetworkingV1Api", "namespaced_network_policy"),
 }
 JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
+REQUEST_TIMEOUT_S = 60.0  # one API request; a hung connection must not hang the run
 
 
 class KubeError(Eagle3Error):
@@ -52,17 +52,30 @@ class Forbidden(KubeError):
     pass
 
 
+class Conflict(KubeError):
+    """409 on update: the object changed since it was read (a stale resourceVersion)."""
+
+
+class Invalid(KubeError):
+    """422: the API server rejected the object (schema or validation)."""
+
+
 class Gone(KubeError):
     """410: the watch's resourceVersion is too old; list again and watch from the new one."""
 
 
 def _error(e: Any, what: str) -> KubeError:
     status = getattr(e, "status", 0) or 0
+    reason = ""
     try:
-        message = json.loads(e.body).get("message") or e.reason
+        body = json.loads(e.body)
+        message, reason = body.get("message") or e.reason, body.get("reason", "")
     except Exception:
         message = getattr(e, "reason", None) or str(e)
-    cls = {404: NotFound, 409: AlreadyExists, 403: Forbidden, 410: Gone}.get(status, KubeError)
+    if status == 409:
+        cls: type[KubeError] = Conflict if reason == "Conflict" else AlreadyExists
+    else:
+        cls = {404: NotFound, 403: Forbidden, 410: Gone, 422: Invalid}.get(status, KubeError)
     return cls(f"{what}: {message}", status)
 
 
@@ -114,9 +127,12 @@ class KubeClient:
             return method(self.namespace, **kwargs)
         except self._client.ApiException as e:
             raise _error(e, what) from None
+        except ValueError as e:  # the client's own validation of a body (pydantic), before sending
+            lines = [ln.strip() for ln in str(e).splitlines()[1:3]]  # the field, then why
+            raise KubeError(f"{what}: the kubernetes client refused the object: {': '.join(lines) or e}") from None
 
     def _raw(self, kind: str, verb: str, *args: Any, **kwargs: Any) -> dict:
-        resp = self._call(kind, verb, *args, _preload_content=False, **kwargs)
+        resp = self._call(kind, verb, *args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
         return json.loads(resp.data)
 
     # -- verbs
@@ -133,7 +149,7 @@ class KubeClient:
         return data.get("items", []), data.get("metadata", {}).get("resourceVersion", "")
 
     def create(self, obj: dict) -> dict:
-        return self._raw(obj["kind"], "create", body=obj) if obj["kind"] != "JobSet" else self._call("JobSet", "create", obj)
+        return self._raw(obj["kind"], "create", body=obj)
 
     def replace(self, obj: dict) -> dict:
         return self._raw(obj["kind"], "replace", obj["metadata"]["name"], body=obj)
@@ -143,33 +159,44 @@ class KubeClient:
         from kubernetes.client import V1DeleteOptions
 
         try:
-            self._call(kind, "delete", name, body=V1DeleteOptions(propagation_policy=propagation))
+            self._call(kind, "delete", name, body=V1DeleteOptions(propagation_policy=propagation),
+                       _request_timeout=REQUEST_TIMEOUT_S)
         except NotFound:
             return False
         return True
 
     def watch(self, kind: str, resource_version: str, selector: str | None = None,
               field_selector: str | None = None, timeout_s: float = 1.0) -> Iterator[tuple[str, dict]]:
-        """(type, object) events after ``resource_version``; raises Gone when it is too old."""
-        from kubernetes import watch
+        """(type, object) events after ``resource_version``; raises Gone when it is too old.
+
+        Read straight off the list call with watch=true, not through ``kubernetes.watch.Watch``:
+        that one turns every event into a model class (which refuses objects with a missing
+        field), and with ``deserialize=False`` it fails on an ERROR event (v37: KeyError
+        'raw_object'), which is how the server says 410 in the middle of a stream.
+        """
+        from kubernetes.watch.watch import iter_resp_lines
 
         kw = {k: v for k, v in (("label_selector", selector), ("field_selector", field_selector)) if v}
-        if kind == "JobSet":
-            api = self._client.CustomObjectsApi(self._api_client)
-            func, args = api.list_namespaced_custom_object, (*JOBSET[:2], self.namespace, JOBSET[2])
-        else:
-            api_cls, suffix = KINDS[kind]
-            func = getattr(getattr(self._client, api_cls)(self._api_client), f"list_{suffix}")
-            args = (self.namespace,)
-        w = watch.Watch()
+        seconds = max(1, int(timeout_s))
         try:
-            for ev in w.stream(func, *args, resource_version=resource_version,
-                               timeout_seconds=max(1, int(timeout_s)), allow_watch_bookmarks=True, **kw):
-                yield ev["type"], ev["raw_object"]
-        except self._client.ApiException as e:
-            raise _error(e, f"watch {kind}") from None
+            resp = self._call(kind, "list", watch=True, resource_version=resource_version, timeout_seconds=seconds,
+                              allow_watch_bookmarks=True, _preload_content=False,
+                              _request_timeout=seconds + REQUEST_TIMEOUT_S, **kw)
+        except KubeError as e:
+            raise e.__class__(f"watch {kind}: {e}", e.status) from None
+        try:
+            for line in iter_resp_lines(resp):
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    st = event.get("object") or {}
+                    cls = Gone if st.get("code") == 410 else KubeError
+                    raise cls(f"watch {kind}: {st.get('message') or st.get('reason') or 'error'}", st.get("code") or 0)
+                yield event["type"], event["object"]
         finally:
-            w.stop()
+            resp.close()
+            resp.release_conn()
 
     def logs(self, pod: str, container: str | None = None, tail: int | None = None) -> list[str]:
         kw: dict[str, Any] = {"container": container} if container else {}
@@ -177,7 +204,8 @@ class KubeClient:
             kw["tail_lines"] = tail
         api = self._client.CoreV1Api(self._api_client)
         try:
-            resp = api.read_namespaced_pod_log(pod, self.namespace, _preload_content=False, **kw)
+            resp = api.read_namespaced_pod_log(pod, self.namespace, _preload_content=False,
+                                               _request_timeout=REQUEST_TIMEOUT_S, **kw)
         except self._client.ApiException:
             return []  # the container has not started (or the pod is gone): no log yet
         return resp.data.decode(errors="replace").splitlines()
@@ -197,7 +225,7 @@ class KubeClient:
                                                   "resource": sub[0], "subresource": sub[1] if len(sub) > 1 else ""}}}
         api = self._client.AuthorizationV1Api(self._api_client)
         try:
-            resp = api.create_self_subject_access_review(review, _preload_content=False)
+            resp = api.create_self_subject_access_review(review, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S)
         except self._client.ApiException as e:
             raise _error(e, "can-i") from None
         return bool(json.loads(resp.data).get("status", {}).get("allowed"))

@@ -15,6 +15,8 @@ import yaml
 
 from eagle3.config import PipelineConfig
 from eagle3.errors import ConfigError
+from eagle3.k8s import quantity
+from eagle3.k8s.permissions import JOBSET_CALLS, RUN_CALLS, role_rules
 from eagle3.stages import STAGES
 
 CHART_DIR = Path(__file__).parent / "chart"
@@ -23,8 +25,10 @@ MODEL_CACHE_MOUNT = "/var/cache/eagle3"
 MULTI_NODE_STAGES = ("extract", "train")  # stages that run under torchrun across nodes
 
 # Creation order: what a later object refers to exists first.
-KIND_ORDER = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "PersistentVolumeClaim",
-              "Service", "Deployment", "Job", "JobSet", "Pod")
+KIND_ORDER = ("ServiceAccount", "Role", "RoleBinding", "Secret", "ConfigMap", "PersistentVolumeClaim",
+              "NetworkPolicy", "Service", "Deployment", "Job", "JobSet", "Pod")
+CPU_PER_GPU = 8  # default CPU of a GPU pod, per GPU (an 8-GPU node of 112-192 cores keeps room for the system)
+MEMORY_PER_GPU_GI = 96  # default memory of a GPU pod besides /dev/shm, per GPU
 
 
 def release_name(cfg: PipelineConfig) -> str:
@@ -74,9 +78,22 @@ def pod_config(cfg: PipelineConfig) -> dict[str, Any]:
     return data
 
 
-def values_from_config(cfg: PipelineConfig) -> dict[str, Any]:
-    """Chart values for the run described by ``cfg`` (pure: no cluster, no files)."""
+def gpu_pod_resources(cfg: PipelineConfig) -> tuple[str, str]:
+    """(cpu, memory) of a GPU pod, requests = limits: Guaranteed QoS, with /dev/shm in the memory
+    (a memory-backed emptyDir is charged to the pod). A CPU-only cluster uses cpu_resources."""
     k8s = cfg.kubernetes
+    n = k8s.gpus_per_node
+    cpu = k8s.gpu_cpu or (str(CPU_PER_GPU * n) if n else k8s.cpu_resources.cpu)
+    mem = k8s.gpu_memory or (f"{MEMORY_PER_GPU_GI * n}Gi" if n else k8s.cpu_resources.memory)
+    return quantity.cpu(quantity.parse(cpu)), quantity.memory(quantity.parse(mem) + quantity.parse(k8s.shm_size))
+
+
+def values_from_config(cfg: PipelineConfig, input_keys: dict[str, str] | None = None, force: tuple[str, ...] = (),
+                       restarts: dict[str, int] | None = None) -> dict[str, Any]:
+    """Chart values for the run described by ``cfg`` (pure: no cluster, no files). At submit,
+    ``input_keys`` annotates a stage's Job, ``force`` adds --force, ``restarts`` counts gang restarts."""
+    k8s = cfg.kubernetes
+    gpu_cpu, gpu_memory = gpu_pod_resources(cfg)
     stages = [
         {"name": s.name, "resource": s.resource, "multiNode": s.name in MULTI_NODE_STAGES,
          "needsEndpoint": s.needs_endpoint, "deadlineSeconds": k8s.deadline_s.get(s.name, 86400)}
@@ -84,18 +101,21 @@ def values_from_config(cfg: PipelineConfig) -> dict[str, Any]:
     ]
     return {
         "config": pod_config(cfg),
-        "run": {"id": cfg.run_id, "objects": True, "stages": stages},
+        "run": {"id": cfg.run_id, "objects": True, "stages": stages, "inputKeys": dict(input_keys or {}),
+                "force": list(force), "restarts": dict(restarts or {})},
         "images": {"gpu": k8s.image, "cpu": k8s.cpu_image, "serve": k8s.serve_image,
                    "pullPolicy": k8s.image_pull_policy, "pullSecrets": list(k8s.image_pull_secrets)},
         "serviceAccount": {"create": True, "name": k8s.service_account},
+        "rbac": {"rules": role_rules(RUN_CALLS), "jobsetRules": role_rules(JOBSET_CALLS)},
         "secrets": {
             "s3": {"name": k8s.s3_secret or "", "accessKeyIdKey": k8s.s3_access_key_key,
                    "secretAccessKeyKey": k8s.s3_secret_key_key},
             "hf": {"name": k8s.hf_secret or "", "tokenKey": k8s.hf_token_key},
+            "apiKey": {"name": k8s.api_key_secret or "", "key": k8s.api_key_key, "create": True},
         },
         "gpu": {"perNode": k8s.gpus_per_node, "resourceName": k8s.gpu_resource, "nodes": k8s.nodes,
                 "multiNode": k8s.multi_node, "rendezvousPort": k8s.rendezvous_port,
-                "memory": k8s.gpu_memory or "", "shmSize": k8s.shm_size},
+                "cpu": gpu_cpu, "memory": gpu_memory, "shmSize": k8s.shm_size},
         "scheduling": {"nodeSelector": dict(k8s.node_selector),
                        "tolerations": [t.model_dump(exclude_none=True) for t in k8s.tolerations],
                        "priorityClassName": k8s.priority_class or "", "runtimeClassName": k8s.runtime_class or ""},
@@ -160,13 +180,25 @@ def sort_objects(objects: list[dict]) -> list[dict]:
     return sorted(objects, key=key)
 
 
-def render_run(cfg: PipelineConfig, namespace: str | None = None) -> list[dict]:
-    """Every object of the run (namespace setup, config, server, one Job per stage)."""
-    return render_chart(values_from_config(cfg), release_name(cfg), namespace or default_namespace(cfg))
+def render_run(cfg: PipelineConfig, namespace: str | None = None, **submit: Any) -> list[dict]:
+    """Every object of the run (namespace setup, config, server, one Job per stage); ``submit``
+    as for ``values_from_config``."""
+    return render_chart(values_from_config(cfg, **submit), release_name(cfg), namespace or default_namespace(cfg))
 
 
 def render_yaml(cfg: PipelineConfig, namespace: str | None = None) -> str:
     return yaml.safe_dump_all(render_run(cfg, namespace), sort_keys=False, explicit_start=True)
+
+
+def install_values(cfg: PipelineConfig, controller: bool = False) -> dict[str, Any]:
+    """Values for ``helm install -f``: the namespace setup, this run's ConfigMap and the test
+    hook, exactly as eagle3ctl renders them; the run's Jobs stay with eagle3ctl (run.objects
+    false) or, with ``controller``, with the in-cluster controller, which submits them one by one."""
+    values = values_from_config(cfg)
+    values["run"]["objects"] = False
+    values["controller"]["enabled"] = controller
+    values["tests"]["enabled"] = True
+    return values
 
 
 def stage_objects(objects: list[dict], stage: str) -> list[dict]:

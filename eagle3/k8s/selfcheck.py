@@ -2,7 +2,8 @@
 
 Writes, reads back and deletes a probe object under ``<run_id>/.selfcheck/`` with the pod's
 own credentials (Secret references), then asks the API server (SelfSubjectAccessReview)
-whether this ServiceAccount may do what eagle3ctl does during a run. One line per check;
+whether this ServiceAccount may make every call eagle3ctl makes during a run
+(``eagle3.k8s.permissions``, the list the Role is rendered from). One line per check;
 exit 1 if any failed. Usage: ``python -m eagle3.k8s.selfcheck -c /etc/eagle3/config.yaml``.
 """
 
@@ -11,16 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 import uuid
+from typing import Any
 
 from eagle3.config import PipelineConfig, load_config
 from eagle3.errors import Eagle3Error
 
-# (verb, group, resource) the controller needs during a run.
-RUN_PERMISSIONS = [
-    ("create", "batch", "jobs"), ("watch", "batch", "jobs"), ("delete", "batch", "jobs"),
-    ("create", "apps", "deployments"), ("delete", "apps", "deployments"),
-    ("create", "", "services"), ("list", "", "pods"), ("get", "", "pods/log"), ("list", "", "events"),
-]
 
 
 def check_store(cfg: PipelineConfig) -> str:
@@ -38,14 +34,18 @@ def check_store(cfg: PipelineConfig) -> str:
     return f"store {cfg.store.uri}: write, read and delete work"
 
 
-def check_api(namespace: str) -> list[str]:
+def check_api(cfg: PipelineConfig, kube: Any = None) -> str:
+    """Every call of a run allowed? One SelfSubjectAccessReview per (verb, resource)."""
     from eagle3.k8s.kube import KubeClient
+    from eagle3.k8s.permissions import run_calls
 
-    kube = KubeClient.connect(namespace=namespace)
-    denied = [f"{verb} {res}" for verb, group, res in RUN_PERMISSIONS if not kube.can_i(verb, group, res)]
+    kube = kube or KubeClient.connect(namespace=cfg.kubernetes.namespace)
+    calls = run_calls(cfg.kubernetes.multi_node == "jobset")
+    asked = sorted({(c.verb, c.group, c.resource) for c in calls})
+    denied = [f"{verb} {res}" + (f".{group}" if group else "") for verb, group, res in asked if not kube.can_i(verb, group, res)]
     if denied:
         raise Eagle3Error(f"namespace {kube.namespace}: the ServiceAccount may not " + ", ".join(denied))
-    return f"api: the ServiceAccount may run pipelines in namespace {kube.namespace}"
+    return f"api: the ServiceAccount may make all {len(asked)} calls of a run in namespace {kube.namespace}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     except Eagle3Error as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
-    for check in (lambda: check_store(cfg), lambda: check_api(cfg.kubernetes.namespace)):
+    for check in (lambda: check_store(cfg), lambda: check_api(cfg)):
         try:
             print(f"ok: {check()}")
         except Eagle3Error as e:

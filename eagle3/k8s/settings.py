@@ -6,7 +6,7 @@ the chart's templates are the only place Kubernetes objects are written.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$"
 
@@ -55,13 +55,16 @@ class KubernetesSettings(BaseModel):
     s3_secret_key_key: str = Field("AWS_SECRET_ACCESS_KEY", description="Key of the secret access key in s3_secret.")
     hf_secret: str | None = Field(None, description="Secret holding a Hugging Face token (HF_TOKEN) for gated models.")
     hf_token_key: str = Field("HF_TOKEN", description="Key of the token in hf_secret.")
+    api_key_secret: str | None = Field("eagle3-serve-api-key", description="Secret holding the server's API key (vLLM --api-key, sent by generate); `helm install` creates it with a random key; none: no key (the NetworkPolicy still admits only the run's generate pods).")
+    api_key_key: str = Field("api-key", description="Key of the API key in api_key_secret.")
     model_cache_pvc: str = Field("eagle3-model-cache", description="PVC holding downloaded target weights (HF_HOME); shared across runs, never deleted by down.")
     model_cache_size: str = Field("2Ti", pattern=_QUANTITY, description="Size of the model-cache PVC when it is created.")
     model_cache_storage_class: str | None = Field(None, description="storageClassName of the model-cache PVC; default the cluster's.")
     model_cache_access_mode: str = Field("ReadWriteOnce", pattern="^(ReadWriteOnce|ReadWriteMany|ReadWriteOncePod)$", description="Access mode of the model-cache PVC (ReadWriteMany for multi-node).")
     store_pvc: str | None = Field(None, description="PVC mounted at the path of a file:// store in every pod (single-node clusters such as kind); production uses s3://.")
-    shm_size: str = Field("64Gi", pattern=_QUANTITY, description="Size of the /dev/shm memory volume of GPU pods (NCCL, dataloaders).")
-    gpu_memory: str | None = Field(None, pattern=_QUANTITY, description="Memory request/limit of GPU pods; none: no memory limit (the node's whole memory).")
+    shm_size: str = Field("64Gi", pattern=_QUANTITY, description="Size of the /dev/shm memory volume of GPU pods (NCCL, dataloaders); counted in their memory request and limit.")
+    gpu_cpu: str | None = Field(None, pattern=_QUANTITY, description="CPU request = limit of GPU pods (server, extract, train, evaluate); none: 8 per GPU (Guaranteed QoS, whole cores).")
+    gpu_memory: str | None = Field(None, pattern=_QUANTITY, description="Memory of GPU pods besides /dev/shm (request = limit = this + shm_size); none: 96Gi per GPU.")
     cpu_resources: Resources = Field(default_factory=Resources, description="Requests/limits of CPU stage pods and the controller.")
     backoff_limit: int = Field(3, ge=0, description="Job backoffLimit: retries of a failed stage pod (a resumed stage continues).")
     deadline_s: dict[str, int] = Field(
@@ -72,6 +75,15 @@ class KubernetesSettings(BaseModel):
     termination_grace_s: int = Field(120, ge=1, description="terminationGracePeriodSeconds of the server and GPU pods (frees GPU memory, lets train checkpoint).")
     vllm_args: list[str] = Field(default_factory=list, description="Extra vllm serve arguments (after those from serve.*).")
     startup_failure_threshold: int = Field(180, ge=1, description="Startup probe attempts (every 10 s) before the server pod is restarted: loading 1T weights takes long.")
+    pending_timeout_s: float | None = Field(None, gt=0, description="Fail a stage whose pods stay Pending (unschedulable) this long; none: wait, reporting the scheduler's event every few minutes (a shared or autoscaling GPU cluster).")
+    cancel_on_interrupt: bool = Field(False, description="Ctrl-C / SIGTERM deletes the running Jobs; default: leave them running (detach) for the next run to attach to (`eagle3ctl down` cancels).")
+
+    @model_validator(mode="after")
+    def _multi_node_cache(self) -> KubernetesSettings:
+        if self.nodes > 1 and self.model_cache_access_mode != "ReadWriteMany":
+            raise ValueError(f"nodes={self.nodes} needs model_cache_access_mode: ReadWriteMany (kubernetes.model_cache_access_mode is "
+                             f"{self.model_cache_access_mode}: the extract/train pods on other nodes could not mount the model cache)")
+        return self
 
     @field_validator("deadline_s")
     @classmethod

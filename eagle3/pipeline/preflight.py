@@ -66,11 +66,10 @@ def check_run(cfg: PipelineConfig, to_run: set[str], echo: Callable[[str], None]
     if not to_run:
         return
     problems: list[str] = []
-    if cfg.backend == "local":
-        for section, name in FILE_FIELDS:
-            path = local_file(getattr(getattr(cfg, section), name))
-            if section in to_run and path is not None and not path.is_file():
-                problems.append(f"{section}.{name}: file not found: {path}")
+    for section, name in FILE_FIELDS:  # local stages read them here; on Kubernetes they are uploaded from here
+        path = local_file(getattr(getattr(cfg, section), name))
+        if section in to_run and path is not None and not path.is_file():
+            problems.append(f"{section}.{name}: file not found: {path}")
     if problems:  # before loading (or building) the target
         raise ConfigError("; ".join(problems))
     try:

@@ -150,7 +150,12 @@ def summary_lines(run: PipelineRun) -> list[str]:
         if row.state == "skipped" and run.tty:  # plain output already said it, line by line
             lines.append(f"{row.name}: skipped ({row.reason})")
     if r.interrupted:
-        lines.append("interrupted: every stage and the server were stopped; rerun the same command to resume")
+        detached = [row.name for row in r.rows.values() if row.state == "detached"]
+        if detached:
+            lines.append(f"detached: {', '.join(detached)} left running; rerun the same command to attach to "
+                         f"{'them' if len(detached) > 1 else 'it'}, or `eagle3ctl down` to cancel")
+        else:
+            lines.append("interrupted: every stage and the server were stopped; rerun the same command to resume")
         return lines
     for f in r.failures:
         lines.append(f"stage {f.stage} failed: {f.reason}")

@@ -311,6 +311,12 @@ class Scheduler:
             return
         self._set(name, "running")
 
+    def _unverified(self, name: str) -> str | None:
+        """Why a stage that exited cleanly is still not complete for its key (None: it is)."""
+        key = self.keys.get(name)
+        v = verify_stage(self.store, self.cfg.run_id, name, input_key=key)
+        return None if v.complete else v.reason
+
     def _attach(self, name: str) -> bool:
         """Follow an attempt of this key an earlier CLI started and left running (no resubmit)."""
         try:
@@ -358,7 +364,12 @@ class Scheduler:
             row.ended_at = time.time()
             row.progress = self.backend.progress(row.handle) or row.progress
             if outcome.succeeded:
-                self._set(row.name, "done")
+                unverified = self._unverified(row.name)
+                if unverified:  # e.g. an attached Job that succeeded on another key's config
+                    self._fail(StageOutcome(row.name, False, f"ended well, but its output does not verify: {unverified}",
+                                            outcome.log_tail))
+                else:
+                    self._set(row.name, "done")
             else:
                 self._fail(outcome)
 

@@ -1,93 +1,79 @@
-"""FakeKubeApi: a test double of the Kubernetes API with KubeClient's verbs.
+"""FakeKubeApi: a test double with KubeClient's verbs over ApiServerDouble (strict: RBAC from the
+rendered Role, official schemas, selectors, resourceVersion/410). Nothing here talks to a cluster.
 
-It keeps objects in memory, stamps resourceVersions, records every call, and serves
-watches from an event log. Tests script the cluster's side (the Job controller, the
-scheduler, the kubelet) by calling ``upsert``/``remove`` or by queueing events and
-Gone errors for the next watch. Nothing here talks to a cluster.
+Tests play the cluster (the Job controller, the scheduler, the kubelet) with ``upsert``/``remove``,
+hooks that run whenever the client starts a watch (``on_watch``), ``gone_next`` (the next watches
+of a kind answer 410 at once), ``compact`` and ``expire_watch_after``.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator
 
-from eagle3.k8s.kube import AlreadyExists, Forbidden, Gone
+from eagle3.k8s.kube import Gone, KubeError, NotFound
+from tests.k8s.apiserver_double import ApiServerDouble
 
 
-def _matches(obj: dict, selector: str | None, field_selector: str | None) -> bool:
-    labels = obj["metadata"].get("labels", {})
-    for term in filter(None, (selector or "").split(",")):
-        k, v = term.split("=")
-        if labels.get(k) != v:
-            return False
-    for term in filter(None, (field_selector or "").split(",")):
-        k, v = term.split("=")
-        if k == "metadata.name" and obj["metadata"]["name"] != v:
-            return False
-        if k == "involvedObject.kind" and obj.get("involvedObject", {}).get("kind") != v:
-            return False
-    return True
+def role_rules_of(objects: list[dict]) -> list[dict]:
+    """The rules of the rendered Role (what the double grants)."""
+    return next(o for o in objects if o["kind"] == "Role")["rules"]
 
 
 class FakeKubeApi:
-    """Test double of ``eagle3.k8s.kube.KubeClient`` (in memory, scripted; no cluster)."""
+    """Test double of ``eagle3.k8s.kube.KubeClient`` (same verbs and return values)."""
 
-    def __init__(self, namespace: str = "ml") -> None:
+    def __init__(self, namespace: str, role_rules: list[dict]) -> None:
+        self.server = ApiServerDouble(namespace, role_rules)
         self.namespace = namespace
-        self.objects: dict[tuple[str, str], dict] = {}
-        self.events: list[tuple[int, str, str, dict]] = []  # (rv, type, kind, object)
-        self.rv = 100
-        self.calls: list[tuple] = []
-        self.forbidden_kinds: set[str] = set()
-        self.gone_next: dict[str, int] = {}  # kind -> how many next watches answer 410
-        self.on_watch: list[Callable[[FakeKubeApi, str], None]] = []  # the cluster acting while we watch
-        self.pod_logs: dict[str, list[str]] = {}
+        self.calls = self.server.calls
+        self.objects = self.server.objects
+        self.pod_logs = self.server.pod_logs
+        self.gone_next: dict[str, int] = {}
+        self.on_watch: list[Callable[[FakeKubeApi, str], None]] = []
+
+    @property
+    def rv(self) -> int:
+        return self.server.rv
 
     # -- the cluster's side
     def upsert(self, obj: dict) -> dict:
-        obj = copy.deepcopy(obj)
-        key = (obj["kind"], obj["metadata"]["name"])
-        kind = "MODIFIED" if key in self.objects else "ADDED"
-        self.rv += 1
-        obj["metadata"]["resourceVersion"] = str(self.rv)
-        self.objects[key] = obj
-        self.events.append((self.rv, kind, obj["kind"], copy.deepcopy(obj)))
-        return obj
+        return self.server.upsert(obj)
 
     def remove(self, kind: str, name: str) -> None:
-        obj = self.objects.pop((kind, name))
-        self.rv += 1
-        obj["metadata"]["resourceVersion"] = str(self.rv)
-        self.events.append((self.rv, "DELETED", kind, obj))
+        self.server.remove(kind, name)
+
+    def compact(self) -> None:
+        self.server.compact()
+
+    def expire_watch_after(self, kind: str, events: int) -> None:
+        self.server.expire_watch_after(kind, events)
 
     # -- KubeClient's verbs
     def get(self, kind: str, name: str) -> dict | None:
         self.calls.append(("get", kind, name))
-        obj = self.objects.get((kind, name))
-        return copy.deepcopy(obj) if obj else None
+        try:
+            return self.server.get(kind, name)
+        except NotFound:
+            return None
 
     def list(self, kind: str, selector: str | None = None, field_selector: str | None = None) -> tuple[list[dict], str]:
         self.calls.append(("list", kind, selector, field_selector))
-        items = [copy.deepcopy(o) for (k, _), o in sorted(self.objects.items()) if k == kind and _matches(o, selector, field_selector)]
-        return items, str(self.rv)
+        return self.server.list(kind, selector, field_selector)
 
     def create(self, obj: dict) -> dict:
         self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
-        if obj["kind"] in self.forbidden_kinds:
-            raise Forbidden(f"create {obj['kind']}: forbidden", 403)
-        if (obj["kind"], obj["metadata"]["name"]) in self.objects:
-            raise AlreadyExists(f"create {obj['kind']} {obj['metadata']['name']}: already exists", 409)
-        return self.upsert(obj)
+        return self.server.create(obj)
 
     def replace(self, obj: dict) -> dict:
         self.calls.append(("replace", obj["kind"], obj["metadata"]["name"]))
-        return self.upsert(obj)
+        return self.server.update(obj)
 
     def delete(self, kind: str, name: str, propagation: str = "Background") -> bool:
         self.calls.append(("delete", kind, name, propagation))
-        if (kind, name) not in self.objects:
+        try:
+            self.server.delete(kind, name, propagation)
+        except NotFound:
             return False
-        self.remove(kind, name)
         return True
 
     def watch(self, kind: str, resource_version: str, selector: str | None = None,
@@ -96,16 +82,24 @@ class FakeKubeApi:
         for hook in list(self.on_watch):
             hook(self, kind)
         if self.gone_next.get(kind):
+            self.server.authorize("watch", kind)
             self.gone_next[kind] -= 1
             raise Gone(f"watch {kind}: too old resource version: {resource_version}", 410)
-        start = int(resource_version or 0)
-        for rv, typ, k, obj in list(self.events):
-            if rv > start and k == kind and _matches(obj, selector, field_selector):
-                yield typ, copy.deepcopy(obj)
+        yield from self.server.watch(kind, resource_version, selector, field_selector)
 
     def logs(self, pod: str, container: str | None = None, tail: int | None = None) -> list[str]:
-        lines = self.pod_logs.get(pod, [])
-        return lines[-tail:] if tail else list(lines)
+        self.calls.append(("logs", pod, container, tail))
+        try:
+            return self.server.logs(pod, tail)
+        except NotFound:
+            return []
 
     def stream_logs(self, pod: str, container: str | None = None) -> Iterator[str]:
-        yield from self.pod_logs.get(pod, [])
+        self.calls.append(("logs", pod, container, None))
+        yield from self.server.logs(pod)
+
+    def can_i(self, verb: str, group: str, resource: str) -> bool:
+        return self.server.allowed(verb, group, resource)
+
+
+__all__ = ["FakeKubeApi", "KubeError", "role_rules_of"]

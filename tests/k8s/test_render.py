@@ -19,7 +19,7 @@ CPU_STAGES = [s for s, spec in STAGES.items() if spec.resource == "cpu"]
 def test_every_object_is_valid_for_1_30_and_the_newest(prod_cfg):
     objects = render_run(prod_cfg)
     kinds = sorted({o["kind"] for o in objects})
-    assert kinds == ["ConfigMap", "Deployment", "Job", "PersistentVolumeClaim", "Role", "RoleBinding",
+    assert kinds == ["ConfigMap", "Deployment", "Job", "NetworkPolicy", "PersistentVolumeClaim", "Role", "RoleBinding",
                      "Service", "ServiceAccount"]
     validate_strict(objects)
 
@@ -28,14 +28,14 @@ def test_gpu_pods_request_the_whole_node_and_cpu_jobs_none(prod_cfg):
     objects = render_run(prod_cfg)
     for stage in GPU_STAGES:
         res = by_name(objects, "Job", f"-{stage}")["spec"]["template"]["spec"]["containers"][0]["resources"]
-        assert res["limits"]["nvidia.com/gpu"] == 8 and res["requests"]["nvidia.com/gpu"] == 8, stage
+        assert res["limits"]["nvidia.com/gpu"] == "8" and res["requests"]["nvidia.com/gpu"] == "8", stage
     for stage in CPU_STAGES:
         job = by_name(objects, "Job", f"-{stage}")
         res = job["spec"]["template"]["spec"]["containers"][0]["resources"]
         assert "nvidia.com/gpu" not in res["limits"] and res["limits"]["memory"] == res["requests"]["memory"]
         assert job["spec"]["template"]["spec"]["containers"][0]["image"] == prod_cfg.kubernetes.cpu_image
     serve = by_name(objects, "Deployment", "-serve")["spec"]["template"]["spec"]
-    assert serve["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert serve["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
     # placement constraints go to GPU pods only
     for stage in GPU_STAGES:
         spec = by_name(objects, "Job", f"-{stage}")["spec"]["template"]["spec"]
@@ -51,7 +51,9 @@ def test_vllm_deployment_has_production_defaults(prod_cfg):
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
-    assert c["startupProbe"]["httpGet"]["path"] == "/v1/models"
+    # /v1/models needs the API key: an exec probe reads it from the pod's env (never a literal header)
+    assert c["startupProbe"]["exec"]["command"] == ["python3", "-m", "eagle3.k8s.probe", "--port", "8000"]
+    assert c["readinessProbe"]["exec"]["command"] == c["startupProbe"]["exec"]["command"]
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 1800
     cmd = c["command"]
     assert cmd[:3] == ["vllm", "serve", "moonshotai/Kimi-K2.5"]
@@ -112,21 +114,65 @@ def test_pods_are_non_root_without_privilege_escalation(prod_cfg):
             assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
 
 
+SECRETS_OF = {  # env var -> the Secret it comes from, per pod: each stage gets only what it needs
+    "serve": {"HF_TOKEN": "eagle3-hf", "VLLM_API_KEY": "eagle3-serve-api-key"},
+    "generate": {"AWS_ACCESS_KEY_ID": "eagle3-s3", "AWS_SECRET_ACCESS_KEY": "eagle3-s3", "EAGLE3_API_KEY": "eagle3-serve-api-key"},
+    "vocab": {"AWS_ACCESS_KEY_ID": "eagle3-s3", "AWS_SECRET_ACCESS_KEY": "eagle3-s3"},
+    "export": {"AWS_ACCESS_KEY_ID": "eagle3-s3", "AWS_SECRET_ACCESS_KEY": "eagle3-s3"},
+    **{gpu: {"AWS_ACCESS_KEY_ID": "eagle3-s3", "AWS_SECRET_ACCESS_KEY": "eagle3-s3", "HF_TOKEN": "eagle3-hf"} for gpu in GPU_STAGES},
+}
+
+
+def test_each_pod_gets_only_the_secrets_its_stage_needs(prod_cfg):
+    objects = render_run(prod_cfg)
+    seen = set()
+    for o in objects:
+        stage = o["metadata"]["labels"].get("eagle3.io/stage")
+        if o["kind"] not in ("Job", "Deployment"):
+            continue
+        env = o["spec"]["template"]["spec"]["containers"][0]["env"]
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in env if "valueFrom" in e}
+        assert refs == SECRETS_OF[stage], stage
+        seen.add(stage)
+    assert seen == set(SECRETS_OF)
+    by_var = {e["name"]: e for e in by_name(objects, "Job", "-generate")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert by_var["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {"name": "eagle3-s3", "key": "AWS_ACCESS_KEY_ID"}
+    assert by_var["EAGLE3_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "eagle3-serve-api-key", "key": "api-key"}
+
+
 def test_credentials_come_from_secret_references_only(prod_cfg):
     objects = render_run(prod_cfg)
     for name, spec in pod_specs(objects):
         env = {e["name"]: e for e in spec["containers"][0]["env"]}
-        assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {"name": "eagle3-s3", "key": "AWS_ACCESS_KEY_ID"}
-        assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "eagle3-s3"
-        assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "eagle3-hf", "key": "HF_TOKEN"}
-        assert all("value" not in env[k] for k in SECRET_VALUES), name
+        assert all("value" not in env[k] for k in SECRET_VALUES if k in env), name
+        assert "VLLM_API_KEY" not in str(spec["containers"][0]["command"])  # never on a command line (vLLM logs its args)
     text = render_yaml(prod_cfg)
     for value in SECRET_VALUES.values():
         assert value not in text
 
 
+def test_only_the_runs_generate_pods_may_reach_the_server(prod_cfg):
+    objects = render_run(prod_cfg)
+    policy = by_name(objects, "NetworkPolicy", "-serve")
+    serve = by_name(objects, "Deployment", "-serve")
+    generate = by_name(objects, "Job", "-generate")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == serve["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    [rule] = policy["spec"]["ingress"]
+    [peer] = rule["from"]
+    assert set(peer) == {"podSelector"}  # no namespaceSelector / ipBlock: this namespace's pods only
+    assert all(generate.get(k) == v for k, v in peer["podSelector"]["matchLabels"].items())
+    assert peer["podSelector"]["matchLabels"]["eagle3.io/run"] == "prod-1"
+    assert peer["podSelector"]["matchLabels"]["eagle3.io/stage"] == "generate"
+    for stage in ("vocab", "extract", "train", "export", "evaluate"):
+        labels = by_name(objects, "Job", f"-{stage}")["spec"]["template"]["metadata"]["labels"]
+        assert not all(labels.get(k) == v for k, v in peer["podSelector"]["matchLabels"].items()), stage
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8000}]
+
+
 def test_no_secrets_configured_means_no_secret_env(tmp_path):
     cfg = load_config(None, {"store.uri": "s3://b/p"})
+    cfg = cfg.model_copy(update={"kubernetes": cfg.kubernetes.model_copy(update={"api_key_secret": None})})
     for _, spec in pod_specs(render_run(cfg)):
         assert not any("valueFrom" in e for e in spec["containers"][0]["env"])
 
@@ -220,3 +266,33 @@ def test_default_values_list_the_registry_stages():
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     assert [s["name"] for s in values["run"]["stages"]] == list(STAGES)
     assert [s["resource"] for s in values["run"]["stages"]] == [s.resource for s in STAGES.values()]
+
+
+def qos_class(spec: dict) -> str:
+    """The QoS class the kubelet gives a pod (the rules of pkg/apis/core/helper/qos)."""
+    res = [c.get("resources", {}) for c in spec["containers"]]
+    if all(r.get("limits", {}).get(k) and r["limits"][k] == r.get("requests", {}).get(k) for r in res for k in ("cpu", "memory")):
+        return "Guaranteed"
+    return "Burstable" if any(r.get("requests") or r.get("limits") for r in res) else "BestEffort"
+
+
+def test_gpu_pods_are_guaranteed_with_the_shm_counted(prod_cfg):
+    objects = render_run(prod_cfg)
+    for name, spec in pod_specs(objects):
+        assert qos_class(spec) == "Guaranteed", name  # never evicted before BestEffort/Burstable pods
+    for stage in [*GPU_STAGES, "serve"]:
+        kind = "Deployment" if stage == "serve" else "Job"
+        c = by_name(objects, kind, f"-{stage}")["spec"]["template"]["spec"]["containers"][0]
+        # 8 GPUs: 8 CPUs and 96Gi each by default, plus the 64Gi memory-backed /dev/shm
+        assert c["resources"]["requests"] == {"cpu": "64", "memory": "832Gi", "nvidia.com/gpu": "8"}, stage
+    k8s = prod_cfg.kubernetes.model_copy(update={"gpu_cpu": "100", "gpu_memory": "1500Gi", "shm_size": "512Mi"})
+    objects = render_run(prod_cfg.model_copy(update={"kubernetes": k8s}))
+    res = by_name(objects, "Job", "-train")["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert res["limits"] == res["requests"] == {"cpu": "100", "memory": "1536512Mi", "nvidia.com/gpu": "8"}
+
+
+def test_a_cpu_only_cluster_gives_gpu_class_pods_the_cpu_resources_plus_shm():
+    cfg = load_config(None, {"store.uri": "s3://b/p", "kubernetes.gpus_per_node": 0, "kubernetes.shm_size": "1Gi",
+                             "kubernetes.cpu_resources": {"cpu": "500m", "memory": "2Gi"}})
+    res = by_name(render_run(cfg), "Job", "-extract")["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert res["limits"] == res["requests"] == {"cpu": "500m", "memory": "3Gi"}

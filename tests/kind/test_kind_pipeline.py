@@ -1,5 +1,7 @@
-"""End to end on a kind cluster: the chart installs, `helm test` passes, the controller Job runs
-the whole tiny pipeline in-cluster with the CPU-only image, failures are one line, `down` cleans up.
+"""End to end on a kind cluster with examples/kind.yaml: MinIO (tests/kind/minio.yaml) is the S3
+store, the chart installs with the values `eagle3ctl render --values --controller` writes, `helm
+test` passes (store and every API call of a run), the controller Job runs the whole tiny pipeline
+in-cluster with the CPU-only image, failures are one line, `down` cleans up.
 
 Needs `kind` and `docker` (skipped otherwise, saying so). Run: ``pytest -m kind tests/kind``.
 Reuse a cluster with ``EAGLE3_KIND_CLUSTER=NAME``; the image ``eagle3-cpu:dev`` is built from
@@ -24,7 +26,8 @@ pytestmark = [pytest.mark.kind, pytest.mark.slow,
 
 REPO = Path(__file__).parents[2]
 CHART = REPO / "charts" / "eagle3"
-KIND_VALUES = CHART / "ci" / "kind-values.yaml"
+KIND_EXAMPLE = REPO / "examples" / "kind.yaml"
+MINIO = Path(__file__).parent / "minio.yaml"
 IMAGE = "eagle3-cpu:dev"
 PIPELINE_TIMEOUT_S = 1800
 
@@ -58,16 +61,15 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def namespace(cluster):
-    from kubernetes import client, config
+    from kubernetes import client, config, utils
 
     config.load_kube_config(str(cluster))
     ns = f"eagle3-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api()
     core.create_namespace({"metadata": {"name": ns}})
-    # The file store lives on a PVC every pod mounts (one node: ReadWriteOnce is enough).
-    core.create_namespaced_persistent_volume_claim(ns, {
-        "metadata": {"name": "eagle3-store"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "2Gi"}}}})
+    # MinIO, its Secret (kubernetes.s3_secret of the profile) and the bucket
+    utils.create_from_yaml(client.ApiClient(), str(MINIO), namespace=ns)
+    wait_job(ns, "eagle3-minio-bucket", 300)
     yield ns
     core.delete_namespace(ns)
 
@@ -90,7 +92,10 @@ def test_chart_installs_and_the_pipeline_runs_in_cluster(cluster, namespace):
     import helm_python as helm
     from kubernetes import client
 
-    values = yaml.safe_load(KIND_VALUES.read_text())
+    from eagle3.config import load_config
+    from eagle3.k8s.render import install_values
+
+    values = install_values(load_config(KIND_EXAMPLE), controller=True)  # = eagle3ctl render --values --controller
     with helm.Config(kubeconfig_path=str(cluster), namespace=namespace) as hc:
         hc.install(str(CHART), "eagle3-kind", values, wait="watcher", timeout=300)
         hc.test("eagle3-kind", timeout=300)  # store and API checks from inside the namespace
@@ -110,13 +115,19 @@ def test_backend_reports_an_unpullable_image_in_one_line_and_down_cleans_up(clus
     from eagle3.config import PipelineConfig
     from eagle3.k8s.backend import KubernetesBackend
 
-    values = yaml.safe_load(KIND_VALUES.read_text())
-    data = values["config"]
+    data = yaml.safe_load(KIND_EXAMPLE.read_text())
     data["run_id"] = "kind-fail"
     data["kubernetes"] = {**data["kubernetes"], "namespace": namespace, "cpu_image": "eagle3-cpu:missing"}
+    import helm_python as helm
+
+    from eagle3.k8s.render import install_values
+
+    cfg = PipelineConfig.model_validate(data)
+    with helm.Config(kubeconfig_path=str(cluster), namespace=namespace) as hc:
+        hc.install(str(CHART), "eagle3-kind-fail", install_values(cfg), wait="watcher", timeout=300)  # the namespace setup
     lines: list[str] = []
-    backend = KubernetesBackend(PipelineConfig.model_validate(data), echo=lines.append)
-    handle = backend.submit("vocab")
+    backend = KubernetesBackend(cfg, echo=lines.append)
+    handle = backend.submit("vocab", input_key="0" * 64)
     deadline = time.monotonic() + 300
     outcome = None
     while outcome is None and time.monotonic() < deadline:

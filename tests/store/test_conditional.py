@@ -56,21 +56,24 @@ def test_replace_if_and_delete_if_compare_versions(store: ObjectStore) -> None:
 
 
 def test_compare_and_swap_under_contention_loses_no_increment(store: ObjectStore) -> None:
-    store.create_exclusive("counter", b"0")
+    store.create_exclusive("counter", b"0 -")
 
-    def bump(n: int) -> None:
+    def bump(who: int, n: int) -> None:
         done = 0
         while done < n:
             data, version = store.get_versioned("counter")  # type: ignore[misc]
-            if store.replace_if("counter", str(int(data) + 1).encode(), version) is not None:
+            # writers put their own token in what they write (the lease does: its owner), so a
+            # retried write that finds its own bytes knows them from another writer's
+            new = f"{int(data.split()[0]) + 1} {who}-{done}".encode()
+            if store.replace_if("counter", new, version) is not None:
                 done += 1
 
-    threads = [threading.Thread(target=bump, args=(5,)) for _ in range(4)]
+    threads = [threading.Thread(target=bump, args=(i, 5)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert store.get_bytes("counter") == b"20"
+    assert store.get_bytes("counter").split()[0] == b"20"
 
 
 def test_stat_prefix_gives_size_and_fingerprint_of_every_object(store: ObjectStore) -> None:

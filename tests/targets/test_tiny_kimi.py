@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from eagle3.store.local import LocalStore
+from tests.committed import path_of
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-kimi.yaml"
 
@@ -37,18 +39,12 @@ def test_structure_tokenizer_and_template(tiny_target_dir):
     assert tok.decode(ids, skip_special_tokens=True) == "a<think>b</think>c"  # think tags survive servers
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.slow
 def test_tiny_kimi_pipeline_end_to_end(tmp_path, tiny_cache_dir):
     cfg = yaml.safe_load(EXAMPLE.read_text())
     cfg["store"]["uri"] = f"file://{tmp_path / 'store'}"
     cfg["target"]["cache_dir"] = str(tiny_cache_dir)
-    cfg["serve"]["port"] = _port()
     cfg["generate"].update(max_samples=8, max_tokens=24, concurrency=2)
     cfg["train"].update(max_steps=3, checkpoint_every=1, log_every=1)
     cfg["evaluate"].update(num_prompts=2, max_new_tokens=8)
@@ -58,10 +54,11 @@ def test_tiny_kimi_pipeline_end_to_end(tmp_path, tiny_cache_dir):
     r = subprocess.run([sys.executable, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(path)], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    store = tmp_path / "store" / cfg["run_id"]
-    meta = json.loads((store / "generate" / "metadata.json").read_text())
+    store = LocalStore(tmp_path / "store")
+    run = cfg["run_id"]
+    meta = json.loads(path_of(store, run, "generate", "metadata.json").read_text())
     assert meta["kept"] > 0 and meta["response_tokens_from"].get("text") == meta["kept"]
     assert "think_tags_not_in_text" not in meta["excluded"]
-    drafter = json.loads((store / "export" / "config.json").read_text())
+    drafter = json.loads(path_of(store, run, "export", "config.json").read_text())
     assert drafter["max_position_embeddings"] == 4096 and drafter["vocab_size"] == 1256  # the target's
-    assert json.loads((store / "evaluate" / "report.json").read_text())["mean_acceptance_length"] >= 1
+    assert json.loads(path_of(store, run, "evaluate", "report.json").read_text())["mean_acceptance_length"] >= 1

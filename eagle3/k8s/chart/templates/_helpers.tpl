@@ -60,42 +60,62 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 
-{{/* Credentials come only as Secret references: never a value in a manifest. */}}
+{{/* Credentials come only as Secret references, never a value in a manifest, and each pod gets
+only those its stage needs. ctx: root; secrets: list of s3, hf, apiKey (as EAGLE3_API_KEY), serveKey (as VLLM_API_KEY). */}}
 {{- define "eagle3.secretEnv" -}}
-{{- with .Values.secrets.s3 }}{{ if .name }}
+{{- $v := .ctx.Values.secrets }}
+{{- if and (has "s3" .secrets) $v.s3.name }}
 - name: AWS_ACCESS_KEY_ID
   valueFrom:
     secretKeyRef:
-      name: {{ .name }}
-      key: {{ .accessKeyIdKey }}
+      name: {{ $v.s3.name }}
+      key: {{ $v.s3.accessKeyIdKey }}
 - name: AWS_SECRET_ACCESS_KEY
   valueFrom:
     secretKeyRef:
-      name: {{ .name }}
-      key: {{ .secretAccessKeyKey }}
-{{- end }}{{ end }}
-{{- with .Values.secrets.hf }}{{ if .name }}
+      name: {{ $v.s3.name }}
+      key: {{ $v.s3.secretAccessKeyKey }}
+{{- end }}
+{{- if and (has "hf" .secrets) $v.hf.name }}
 - name: HF_TOKEN
   valueFrom:
     secretKeyRef:
-      name: {{ .name }}
-      key: {{ .tokenKey }}
-{{- end }}{{ end }}
+      name: {{ $v.hf.name }}
+      key: {{ $v.hf.tokenKey }}
+{{- end }}
+{{- if $v.apiKey.name }}
+{{- if has "apiKey" .secrets }}
+- name: EAGLE3_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.apiKey.name }}
+      key: {{ $v.apiKey.key }}
+{{- end }}
+{{- if has "serveKey" .secrets }}
+# vLLM reads the key from VLLM_API_KEY exactly as from --api-key, and an env value is not
+# echoed in its "non-default args" log line or the process's command line.
+- name: VLLM_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.apiKey.name }}
+      key: {{ $v.apiKey.key }}
+{{- end }}
+{{- end }}
 {{- end }}
 
-{{/* Environment of every eagle3 container: caches on writable volumes, no telemetry. */}}
+{{/* Environment of every eagle3 container: caches on writable volumes, no telemetry, its Secrets. ctx: root; secrets: list. */}}
 {{- define "eagle3.env" -}}
 - name: HOME
   value: /work
 - name: HF_HOME
-  value: {{ .Values.modelCache.mountPath }}/hf
+  value: {{ .ctx.Values.modelCache.mountPath }}/hf
 - name: MPLCONFIGDIR
   value: /work/.matplotlib
 - name: HF_HUB_DISABLE_TELEMETRY
   value: "1"
 - name: PYTHONUNBUFFERED
   value: "1"
-{{ include "eagle3.secretEnv" . }}
+{{- include "eagle3.secretEnv" . }}
 {{- end }}
 
 {{/* Volumes: the config, a writable work dir, the model cache (PVC on GPU pods), the file store. ctx: root; gpu: bool. */}}
@@ -159,18 +179,16 @@ runtimeClassName: {{ . }}
 {{- end }}
 {{- end }}
 
+{{/* GPU pods: the node's GPUs, and CPU and memory (the /dev/shm volume included) with requests = limits:
+Guaranteed QoS, the last class the kubelet evicts under memory pressure. */}}
 {{- define "eagle3.gpuResources" -}}
-{{- $r := dict }}
-{{- if gt (int .Values.gpu.perNode) 0 }}{{ $_ := set $r .Values.gpu.resourceName (int .Values.gpu.perNode) }}{{ end }}
-{{- if .Values.gpu.memory }}{{ $_ := set $r "memory" .Values.gpu.memory }}{{ end }}
-{{- if $r }}
+{{- $r := dict "cpu" (toString .Values.gpu.cpu) "memory" .Values.gpu.memory }}
+{{- /* a quantity as a string: the kubernetes Python client (v37) refuses an integer quantity before sending */ -}}
+{{- if gt (int .Values.gpu.perNode) 0 }}{{ $_ := set $r .Values.gpu.resourceName (toString (int .Values.gpu.perNode)) }}{{ end }}
 limits:
   {{- toYaml $r | nindent 2 }}
 requests:
   {{- toYaml $r | nindent 2 }}
-{{- else }}
-{}
-{{- end }}
 {{- end }}
 
 {{- define "eagle3.cpuResources" -}}
