@@ -31,7 +31,8 @@ def test_the_kind_profile_renders_valid_cpu_only_objects():
         assert qos_class(spec) == "Guaranteed", name
         assert not any(v.get("persistentVolumeClaim", {}).get("claimName") == "eagle3-store" for v in spec["volumes"])
     config = yaml.safe_load(by_name(objects, "ConfigMap", "-config")["data"]["config.yaml"])
-    assert config["store"] == {"uri": "s3://eagle3/kind", "endpoint_url": "http://eagle3-minio:9000", "region": "us-east-1"}
+    assert config["store"] == {"uri": "s3://eagle3/kind", "endpoint_url": "http://eagle3-minio:9000", "region": "us-east-1",
+                               "max_attempts": 10, "retry_mode": "standard"}
     vocab = {e["name"]: e for e in by_name(objects, "Job", "-vocab")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert vocab["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "eagle3-minio", "key": "AWS_SECRET_ACCESS_KEY"}
 
