@@ -119,6 +119,7 @@ def _running(state: dict, proc: subprocess.Popen, stage: str) -> bool:
 
 def kill_at(p: Pipeline, kill: Kill, log: Path) -> dict:
     """Start an attempt, kill it where ``kill`` says; what happened."""
+    planned = str(kill)
     proc = p.start(log)
     deadline = time.monotonic() + TRIAL_TIMEOUT_S
     base = None
@@ -143,7 +144,7 @@ def kill_at(p: Pipeline, kill: Kill, log: Path) -> dict:
             break
         time.sleep(0.05)
     if proc.poll() is not None:
-        return {"kill": str(kill), "landed": None, "rc": proc.returncode}
+        return {"kill": planned, "landed": None, "rc": proc.returncode}
     state = p.state()
     if kill.target == "cli":
         proc.send_signal(kill.signal)
@@ -160,7 +161,7 @@ def kill_at(p: Pipeline, kill: Kill, log: Path) -> dict:
         raise AssertionError(f"{kill}: eagle3ctl did not stop; log {log}") from None
     if kill.target == "cli" and kill.signal == signal.SIGINT:
         assert rc in (0, 130), f"{kill}: Ctrl-C ended with {rc}; log {log}"
-    return {"kill": str(kill), "landed": landed, "rc": rc}
+    return {"kill": planned, "landed": landed, "rc": rc}
 
 
 def sample_ids(p: Pipeline) -> tuple[list[int], list[int], list[int], dict[int, str]]:
