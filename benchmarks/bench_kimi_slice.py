@@ -60,9 +60,15 @@ def build(c: dict, layers: int, device: str) -> torch.nn.Module:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     cfg = DeepseekV3Config(**c, num_hidden_layers=layers, tie_word_embeddings=False)
-    with torch.device(device):
-        model = DeepseekV3ForCausalLM(cfg).to(torch.bfloat16 if device == "cuda" else torch.float32)
-    return model.eval()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in bf16 directly: 4 Kimi layers are ~100 GB in bf16, twice that in fp32
+    try:
+        with torch.device(device):
+            model = DeepseekV3ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(before)
+    return model.to(dtype).eval()
 
 
 def main() -> None:
