@@ -80,6 +80,17 @@ class HostStaging:
         return host_q, host_scale, done
 
 
+def shard_buffers(t: int, h: int, storage_dtype: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                                                 torch.Tensor | None]:
+    """A shard's host tensors, to be filled: aux [T, 3H], final [T, H] in the storage dtype, and
+    for fp8 their per-token scales [T, 3] and [T, 1] (else None)."""
+    dtype = STORAGE_DTYPES[storage_dtype]
+    fp8 = storage_dtype == "float8_e4m3fn"
+    return (torch.empty((t, 3 * h), dtype=dtype), torch.empty((t, h), dtype=dtype),
+            torch.empty((t, 3), dtype=torch.float32) if fp8 else None,
+            torch.empty((t, 1), dtype=torch.float32) if fp8 else None)
+
+
 @torch.inference_mode()
 def extract_shard(
     capture: HiddenCapture,
@@ -102,12 +113,7 @@ def extract_shard(
     offsets = data.offsets[plan.first : plan.end + 1] - a  # [n+1]
     lengths = (offsets[1:] - offsets[:-1]).tolist()
     t, h = b - a, hidden_size
-    fp8 = storage_dtype == "float8_e4m3fn"
-    dtype = STORAGE_DTYPES[storage_dtype]
-    aux = torch.empty((t, 3 * h), dtype=dtype)  # [T, 3H]
-    final = torch.empty((t, h), dtype=dtype)  # [T, H]
-    aux_scale = torch.empty((t, 3), dtype=torch.float32) if fp8 else None
-    final_scale = torch.empty((t, 1), dtype=torch.float32) if fp8 else None
+    aux, final, aux_scale, final_scale = shard_buffers(t, h, storage_dtype)
 
     def place(host_q: torch.Tensor, host_scale: torch.Tensor | None, done: torch.cuda.Event | None,
               batch: list[int]) -> None:

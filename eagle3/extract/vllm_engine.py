@@ -45,8 +45,8 @@ from safetensors import safe_open
 from eagle3.data.tokenized import TokenizedSamples
 from eagle3.errors import StageError
 from eagle3.extract.batching import ShardPlan
-from eagle3.extract.run import ShardStats, to_storage
-from eagle3.extract.shards import STORAGE_DTYPES, HiddenShard
+from eagle3.extract.run import ShardStats, shard_buffers, to_storage
+from eagle3.extract.shards import HiddenShard
 
 CONNECTOR = "ExampleHiddenStatesConnector"
 FINAL_SLOT = -1  # an aux id no layer matches: the plugin puts the final hidden state there
@@ -120,12 +120,7 @@ def extract_shard_vllm(llm: Any, sampling_params: Any, data: TokenizedSamples, p
     a, b = int(data.offsets[plan.first]), int(data.offsets[plan.end])
     offsets = data.offsets[plan.first : plan.end + 1] - a  # [n+1]
     t, h = b - a, hidden_size
-    fp8 = storage_dtype == "float8_e4m3fn"
-    dtype = STORAGE_DTYPES[storage_dtype]
-    aux = torch.empty((t, 3 * h), dtype=dtype)  # [T, 3H]
-    final = torch.empty((t, h), dtype=dtype)  # [T, H]
-    aux_scale = torch.empty((t, 3), dtype=torch.float32) if fp8 else None
-    final_scale = torch.empty((t, 1), dtype=torch.float32) if fp8 else None
+    aux, final, aux_scale, final_scale = shard_buffers(t, h, storage_dtype)
     prompts = [{"prompt_token_ids": data.input_ids[a + int(offsets[j]) : a + int(offsets[j + 1])].tolist()}
                for j in range(plan.end - plan.first)]
     t0 = time.perf_counter()

@@ -21,17 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from eagle3.data.tokenized import read_tokenized
 from eagle3.extract.shards import read_shard
 from eagle3.stages import ORDER
 from eagle3.store.local import LocalStore
 from tests.committed import path_of
+from tests.reliability import tiny_run
 
 pytestmark = pytest.mark.slow
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
 TRIAL_TIMEOUT_S = 420
 
 
@@ -65,17 +64,7 @@ KILLS = [
 
 
 def write_config(workdir: Path, cache: Path) -> Path:
-    cfg = yaml.safe_load(EXAMPLE.read_text())
-    cfg["run_id"] = "rel"
-    cfg["store"]["uri"] = f"file://{workdir / 'store'}"
-    cfg["target"]["cache_dir"] = str(cache)
-    cfg["generate"].update(max_samples=12, max_tokens=24, concurrency=2, part_size=2)
-    cfg["extract"].update(shard_tokens=160, batch_tokens=160)
-    cfg["train"].update(max_steps=24, checkpoint_every=3, log_every=3)
-    cfg["evaluate"].update(num_prompts=6, max_new_tokens=24)
-    path = workdir / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return tiny_run.write_config(workdir, "rel", f"file://{workdir / 'store'}", cache, steps=24, prompts=6)
 
 
 class Pipeline:

@@ -15,28 +15,18 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.fault_proxy import FaultProxy
+from tests.reliability.tiny_run import write_config
 from tests.fixtures_s3 import MotoS3
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
 
 
 def test_pipeline_on_a_faulty_s3_runs_to_completion(tmp_path: Path, tiny_cache_dir: Path, moto_s3: MotoS3,
                                                     s3_store_uri: str) -> None:
-    cfg = yaml.safe_load(EXAMPLE.read_text())
-    cfg["run_id"] = "flaky"
-    cfg["store"]["uri"] = s3_store_uri
-    cfg["target"]["cache_dir"] = str(tiny_cache_dir)
-    cfg["generate"].update(max_samples=12, max_tokens=24, concurrency=2, part_size=2)
-    cfg["extract"].update(shard_tokens=160, batch_tokens=160)
-    cfg["train"].update(max_steps=12, checkpoint_every=3, log_every=3)
-    cfg["evaluate"].update(num_prompts=4, max_new_tokens=24)
-    config = tmp_path / "pipeline.yaml"
-    config.write_text(yaml.safe_dump(cfg))
+    config = write_config(tmp_path, "flaky", s3_store_uri, tiny_cache_dir, steps=12, prompts=4)
     seed = int(os.environ.get("EAGLE3_TEST_SEED", "18"))
     with FaultProxy(moto_s3.endpoint, rate=0.10, seed=seed) as proxy:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
