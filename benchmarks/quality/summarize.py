@@ -1,12 +1,20 @@
-"""The issue-8 summary: headline numbers and ratios out of the steps' raw results."""
+"""The race's summary: acceptance with 95 % intervals, and ratios only where both sides finished.
+
+Every acceptance number is a mean over verify steps of the held-out prompts both systems
+decoded with the same evaluator (curve.py). Intervals are seeded bootstraps over prompts: a
+prompt weighs by its verify steps, as the mean over steps does; the ratio's interval resamples
+the same prompts for both sides (paired), so it says how much of a difference is the choice
+of prompts, not of the systems.
+"""
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
-from pathlib import Path
 from typing import Any
+
+DRAWS = 2000
+SEED = 0
 
 
 def steady(records: list[dict[str, Any]], key: str = "tokens_per_s", skip: float = 0.2,
@@ -23,144 +31,93 @@ def steady(records: list[dict[str, Any]], key: str = "tokens_per_s", skip: float
     return round(statistics.median(kept), 1) if kept else None
 
 
-def _report(stage: dict | None) -> dict:
-    return (stage or {}).get("report") or {}
+def _per_prompt(report: dict) -> dict[int, tuple[float, int]]:
+    """id -> (sum of accept lengths, verify steps), from a report's per_prompt rows."""
+    return {r["id"]: (r["mean_acceptance_length"] * r["verify_steps"], r["verify_steps"])
+            for r in report.get("per_prompt") or [] if r.get("verify_steps")}
 
 
-def acceptance_ratio_ci(ours: dict, theirs: dict, draws: int = 2000, seed: int = 0) -> dict | None:
-    """Ratio of mean acceptance lengths (ours / theirs) with a 95 % interval from a paired bootstrap
-    over the prompts both reports decoded (matched by id): how much of a small difference is the
-    choice of prompts. Each prompt weighs by its verify steps, as the mean over steps does."""
-    def per_prompt(rep: dict) -> dict:
-        return {r["id"]: (r["mean_acceptance_length"] * r["verify_steps"], r["verify_steps"])
-                for r in rep.get("per_prompt") or [] if r.get("verify_steps")}
+def _quantiles(boot: list[float]) -> list[float]:
+    boot = sorted(boot)
+    return [round(boot[int(0.025 * len(boot))], 4), round(boot[int(0.975 * len(boot)) - 1], 4)]
 
-    a, b = per_prompt(ours), per_prompt(theirs)
+
+def acceptance_ci(report: dict, draws: int = DRAWS, seed: int = SEED) -> dict | None:
+    """Mean acceptance length over the report's prompts with a 95 % bootstrap interval; None under 2 prompts."""
+    rows = _per_prompt(report)
+    ids = sorted(rows)
+    if len(ids) < 2:
+        return None
+
+    def mean(sample: list[int]) -> float:
+        return sum(rows[i][0] for i in sample) / sum(rows[i][1] for i in sample)
+
+    rng = random.Random(seed)
+    boot = [mean([rng.choice(ids) for _ in ids]) for _ in range(draws)]
+    return {"mean_acceptance_length": round(mean(ids), 4), "ci95": _quantiles(boot), "prompts": len(ids)}
+
+
+def acceptance_ratio_ci(ours: dict, theirs: dict, draws: int = DRAWS, seed: int = SEED) -> dict | None:
+    """ours / theirs mean acceptance length with a 95 % paired-bootstrap interval over the prompts
+    both decoded (matched by id); None under 2 shared prompts."""
+    a, b = _per_prompt(ours), _per_prompt(theirs)
     ids = sorted(set(a) & set(b))
     if len(ids) < 2:
         return None
 
-    def ratio(sample: list) -> float:
+    def ratio(sample: list[int]) -> float:
         ta = sum(a[i][0] for i in sample) / sum(a[i][1] for i in sample)
         tb = sum(b[i][0] for i in sample) / sum(b[i][1] for i in sample)
         return ta / tb
 
     rng = random.Random(seed)
-    boot = sorted(ratio([rng.choice(ids) for _ in ids]) for _ in range(draws))
-    return {"ratio": round(ratio(ids), 4), "ci95": [round(boot[int(0.025 * draws)], 4), round(boot[int(0.975 * draws) - 1], 4)],
-            "prompts": len(ids), "draws": draws}
+    boot = [ratio([rng.choice(ids) for _ in ids]) for _ in range(draws)]
+    return {"ratio": round(ratio(ids), 4), "ci95": _quantiles(boot), "prompts": len(ids), "draws": draws}
 
 
-def _acceptance(rep: dict) -> dict:
-    return {k: rep.get(k) for k in ("mean_acceptance_length", "acceptance_rate_per_position", "num_prompts",
-                                    "num_draft_tokens", "generated_tokens", "target_greedy_match", "verify_steps",
-                                    "accepted_per_position")
-            if k in rep}
+def refused(missing: list[str]) -> str:
+    return f"not reported: {', '.join(missing)} missing"
 
 
-def ours(result: dict | None, store_root: Path | None = None) -> dict | None:
-    if not result:
-        return None
-    st = result["stages"]
-    ex, tr = st.get("extract", {}), st.get("train", {})
-    index = ex.get("index", {})
-    tokens = index.get("num_tokens") or sum(s.get("tokens", s.get("num_tokens", 0)) for s in index.get("shards", []))
-    records = []
-    if store_root is not None:
-        p = store_root / result["run"] / "train" / "metrics.jsonl"
-        if p.exists():
-            records = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-    out = {
-        "acceptance": _acceptance(_report(st.get("evaluate"))),
-        "generate": st.get("generate", {}).get("stats"),
-        "extract": {"stats": ex.get("stats"), "storage_dtype": index.get("storage_dtype"), "tokens": tokens,
-                    "shard_bytes": ex.get("shard_bytes"),
-                    "bytes_per_token": round(ex["shard_bytes"] / tokens, 1) if tokens and ex.get("shard_bytes") else None},
-        "evaluate": (st.get("evaluate") or {}).get("stats"),
-        "train": {"stats": tr.get("stats"),
-                  "steady_tokens_per_s": steady(records, profiled=((tr.get("stats") or {}).get("profile") or {}).get("steps")),
-                  # every logged window: which ones compiling (or anything else) slowed down
-                  "window_tokens_per_s": [r.get("tokens_per_s") for r in records],
-                  "window_data_wait_frac": [r.get("data_wait_frac") for r in records],
-                  "loop_tokens_per_s": (tr.get("stats") or {}).get("tokens_per_s"),
-                  "peak_memory_gib": (tr.get("stats") or {}).get("peak_memory_gib"),
-                  "stage_started_at": tr.get("started_at"), "stage_finished_at": tr.get("finished_at")},
-    }
+def ratio(name_a: str, a: float | None, name_b: str, b: float | None) -> float | str:
+    """a / b, or the refusal naming the side that has no number."""
+    missing = [n for n, v in ((name_a, a), (name_b, b)) if not v]
+    return refused(missing) if missing else round(a / b, 3)  # type: ignore[operator]
+
+
+def variant_summary(ours: dict | None, spec: dict | None) -> dict[str, Any]:
+    """One draft vocab's race: each side's final acceptance (CI), training numbers, and the ratios.
+
+    ``ours`` / ``spec``: {"final": evaluator report of the last checkpoint, "train": {...}} or None.
+    """
+    out: dict[str, Any] = {}
+    for name, side in (("eagle3ctl", ours), ("speculators", spec)):
+        if side and side.get("final"):
+            out[name] = {"acceptance": acceptance_ci(side["final"]), "steps": side.get("final_step"),
+                         "train": side.get("train")}
+        else:
+            out[name] = refused([name])
+    o_ok, s_ok = isinstance(out["eagle3ctl"], dict), isinstance(out["speculators"], dict)
+    if o_ok and s_ok:
+        out["acceptance_ratio"] = acceptance_ratio_ci(ours["final"], spec["final"]) or refused(["shared prompts"])
+    else:
+        out["acceptance_ratio"] = refused([n for n, ok in (("eagle3ctl", o_ok), ("speculators", s_ok)) if not ok])
+    ot = (ours or {}).get("train") or {}
+    st = (spec or {}).get("train") or {}
+    out["throughput_ratio"] = ratio("eagle3ctl", ot.get("steady_tokens_per_s"), "speculators",
+                                    st.get("steady_tokens_per_s"))
+    out["peak_memory_ratio"] = ratio("eagle3ctl", ot.get("peak_memory_gib"), "speculators", st.get("peak_memory_gib"))
     return out
 
 
-def spec(result: dict | None) -> dict | None:
-    if not result:
-        return None
-    t = result["train"]
-    return {
-        "acceptance": _acceptance(_report(result.get("evaluate"))),
-        "train": {k: t.get(k) for k in ("steady_tokens_per_s", "wall_seconds", "peak_memory_gib", "last_step",
-                                        "mean_tokens_per_step", "final_train_metrics")},
-        "evaluate": (result.get("evaluate") or {}).get("stats"),
-        "argv": t.get("argv"),
-    }
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a and b else None
-
-
-def summarize(done: dict[str, dict | None], status: dict[str, str], args: dict[str, Any]) -> dict:
-    store = Path(args["work"]) / "store" if args.get("work") else None
-    o16, o8, sp = ours(done.get("ours_bf16"), store), ours(done.get("ours_fp8"), store), spec(done.get("spec"))
+def summarize(target: dict | None, variants: dict[int, dict[str, dict | None]], status: dict[str, str],
+              args: dict[str, Any]) -> dict:
+    """The JSON summary: target, per draft vocab the race, and what each step did."""
     head: dict[str, Any] = {}
-    if done.get("target"):
-        t = done["target"]
-        head["target"] = {k: t.get(k) for k in ("parameters", "train_tokens", "train_seconds", "train_tokens_per_s",
-                                                "heldout_loss", "corpus_tokens")}
-        head["target"]["vocab_size"] = t.get("recipe", {}).get("vocab_size")
-    if o16:
-        head["ours_bf16"] = {
-            "mean_acceptance_length": o16["acceptance"].get("mean_acceptance_length"),
-            "acceptance_rate_per_position": o16["acceptance"].get("acceptance_rate_per_position"),
-            "train_steady_tokens_per_s": o16["train"]["steady_tokens_per_s"],
-            "train_loop_tokens_per_s": o16["train"]["loop_tokens_per_s"],
-            "train_peak_memory_gib": o16["train"]["peak_memory_gib"],
-            "extract_tokens_per_s": (o16["extract"]["stats"] or {}).get("tokens_per_s"),
-            "hidden_bytes_per_token": o16["extract"]["bytes_per_token"],
-        }
-    if o8:
-        head["ours_fp8"] = {
-            "mean_acceptance_length": o8["acceptance"].get("mean_acceptance_length"),
-            "acceptance_rate_per_position": o8["acceptance"].get("acceptance_rate_per_position"),
-            "extract_tokens_per_s": (o8["extract"]["stats"] or {}).get("tokens_per_s"),
-            "hidden_bytes_per_token": o8["extract"]["bytes_per_token"],
-            "train_steady_tokens_per_s": o8["train"]["steady_tokens_per_s"],
-        }
-    if sp:
-        head["speculators"] = {
-            "mean_acceptance_length": sp["acceptance"].get("mean_acceptance_length"),
-            "acceptance_rate_per_position": sp["acceptance"].get("acceptance_rate_per_position"),
-            "train_steady_tokens_per_s": sp["train"]["steady_tokens_per_s"],
-            "train_wall_seconds": sp["train"]["wall_seconds"],
-            "train_peak_memory_gib": sp["train"]["peak_memory_gib"],
-        }
-    warm = done.get("spec_warm")
-    if warm:  # compiled on random samples before anything was timed (run_quality.step_spec_warm)
-        head.setdefault("speculators", {})["cold_start_seconds_6_steps"] = warm.get("cold_train_seconds_6_steps")
-    if o16 and sp:
-        head["ours_vs_speculators"] = {
-            "acceptance_length_ratio": _ratio(head["ours_bf16"]["mean_acceptance_length"],
-                                              head["speculators"]["mean_acceptance_length"]),
-            "train_throughput_ratio_steady": _ratio(head["ours_bf16"]["train_steady_tokens_per_s"],
-                                                    head["speculators"]["train_steady_tokens_per_s"]),
-            "peak_memory_ratio": _ratio(head["ours_bf16"]["train_peak_memory_gib"],
-                                        head["speculators"]["train_peak_memory_gib"]),
-            "acceptance_length_ratio_paired_bootstrap": acceptance_ratio_ci(
-                _report(done["ours_bf16"]["stages"].get("evaluate")), _report((done.get("spec") or {}).get("evaluate"))),
-            "goals": "acceptance ratio >= 1.0; throughput ratio >= 1.5; memory ratio <= 1.0",
-        }
-    if o16 and o8:
-        head["ours_fp8_vs_bf16"] = {"acceptance_length_ratio_paired_bootstrap": acceptance_ratio_ci(
-            _report(done["ours_fp8"]["stages"].get("evaluate")), _report(done["ours_bf16"]["stages"].get("evaluate")))}
-    partial = (done.get("evaluate_partial") or {}).get("partial")
-    if partial:  # evaluate was cut short: acceptance on the prompts every run had finished
-        head["acceptance_on_prompts_finished_by_all"] = partial
-    return {"headline": head, "status": status, "args": args,
-            "details": {"target": done.get("target"), "ours_bf16": o16, "ours_fp8": o8, "speculators": sp}}
+    if target:
+        head["target"] = {k: target.get(k) for k in ("parameters", "train_tokens", "train_seconds", "heldout_loss",
+                                                     "train_tokens_per_s")}
+    head["goals"] = "acceptance ratio >= 1.1 with ci95 above 1.0; throughput ratio >= 1.5; peak memory ratio <= 1.0"
+    head["by_draft_vocab"] = {str(v): variant_summary(sides.get("ours"), sides.get("spec"))
+                              for v, sides in sorted(variants.items())}
+    return {"headline": head, "status": status, "args": args}

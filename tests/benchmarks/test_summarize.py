@@ -1,4 +1,4 @@
-"""The quality benchmark's summary (benchmarks/quality/summarize.py): the acceptance ratio's interval."""
+"""The quality race's summary (benchmarks/quality/summarize.py): intervals, ratios, refusals; its plot."""
 
 from __future__ import annotations
 
@@ -39,3 +39,49 @@ def test_steady_rate_leaves_out_the_start_and_the_profiled_windows():
     assert summarize.steady(records) == 100.5  # the first 20 % (compiling) is left out, the median of the rest
     # steps 15..16 (0-based) were profiled: the window logged at step 20 (steps 15..19) is left out
     assert summarize.steady(records, profiled=[15, 17]) == 101.0
+
+
+def test_bootstrap_interval_brackets_the_mean_and_is_seeded():
+    rng = random.Random(2)
+    rep = report({i: 1.5 + rng.random() for i in range(40)})
+    ci = summarize.acceptance_ci(rep)
+    lo, hi = ci["ci95"]
+    exact = sum(r["mean_acceptance_length"] for r in rep["per_prompt"]) / 40  # equal verify steps: the plain mean
+    assert ci["mean_acceptance_length"] == round(exact, 4) and lo < exact < hi and ci["prompts"] == 40
+    assert 0.05 < hi - lo < 0.4  # ~1.96 * 0.29 / sqrt(40) * 2 = 0.18 for uniform noise
+    assert summarize.acceptance_ci(rep) == ci  # same seed, same interval
+    same = summarize.acceptance_ci(report({i: 2.0 for i in range(10)}))
+    assert same["ci95"] == [2.0, 2.0]
+
+
+def test_prompts_weigh_by_their_verify_steps():
+    rep = {"per_prompt": [{"id": 0, "verify_steps": 30, "mean_acceptance_length": 1.0},
+                          {"id": 1, "verify_steps": 10, "mean_acceptance_length": 3.0}]}
+    assert summarize.acceptance_ci(rep)["mean_acceptance_length"] == 1.5  # (30 + 30) / 40
+
+
+def test_ratios_are_refused_when_a_side_is_missing():
+    final = report({i: 2.0 for i in range(4)})
+    ours = {"final": final, "final_step": 12, "train": {"steady_tokens_per_s": 300.0, "peak_memory_gib": 2.0}}
+    alone = summarize.variant_summary(ours, None)
+    assert alone["speculators"] == "not reported: speculators missing"
+    assert alone["acceptance_ratio"] == "not reported: speculators missing"
+    assert alone["throughput_ratio"] == "not reported: speculators missing"
+    assert alone["eagle3ctl"]["acceptance"]["mean_acceptance_length"] == 2.0
+    theirs = {"final": report({i: 1.6 for i in range(4)}), "train": {"steady_tokens_per_s": 200.0}}
+    both = summarize.variant_summary(ours, theirs)
+    assert both["acceptance_ratio"]["ratio"] == 1.25 and both["throughput_ratio"] == 1.5
+    assert both["peak_memory_ratio"] == "not reported: speculators missing"  # theirs has no peak memory
+    assert summarize.variant_summary(None, None)["acceptance_ratio"] == "not reported: eagle3ctl, speculators missing"
+
+
+def test_the_curves_plot_is_a_png(tmp_path):
+    _plot = importlib.util.spec_from_file_location(
+        "quality_plot", Path(__file__).resolve().parents[2] / "benchmarks" / "quality" / "plot_quality.py")
+    plot = importlib.util.module_from_spec(_plot)
+    _plot.loader.exec_module(plot)
+    points = [{"step": s, "mean_acceptance_length": 1 + s / 1000, "ci95": [0.9 + s / 1000, 1.1 + s / 1000]}
+              for s in (200, 400, 600)]
+    curves = {16384: {"eagle3ctl": points, "speculators": points[:2]}, 64000: {"eagle3ctl": points[:1]}}
+    path = plot.plot_curves(curves, tmp_path / "curves.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
