@@ -1,14 +1,34 @@
 #!/usr/bin/env bash
 # One call on the lent H200 (device tool; repo root is the cwd, $OUT comes back).
+#   bash benchmarks/quality/device_call.sh quality BUDGET_S [STEPS [FLAGS]]  # issue 21's race (resumable in /tmp/e3q)
 #   bash benchmarks/quality/device_call.sh benches BUDGET_S               # issue 3: bench_extract + bench_train (8B + quality shape)
 #   bash benchmarks/quality/device_call.sh extract [LIMIT_S]              # issue 3: bench_extract alone (~250 s)
 #   bash benchmarks/quality/device_call.sh cuda-tests [LIMIT_S]           # tests/cuda on the GPU
-#   bash benchmarks/quality/device_call.sh train-quality [LIMIT_S]        # bench_train at the race's shape: dense vs packed rows, profiled
-#   bash benchmarks/quality/device_call.sh quality BUDGET_S [STEPS [FLAGS]] # issue 8 steps (resumable in /tmp/e3q);
-#        FLAGS go to run_quality.py. speculators' inductor cache comes back as $OUT/spec_inductor.tgz.part-*;
-#        put those files in .inductor/ and carry [".whl", ".inductor"] to start the next machine warm.
-#        --profile-train A:B adds up to 3 files (train profiles, bf16's trace): $OUT returns 8 files at most,
-#        so profile only with the inductor cache carried (its pieces are then not sent back).
+#   bash benchmarks/quality/device_call.sh train-quality [LIMIT_S]        # bench_train at the race's shape, profiled
+#
+# quality: STEPS (default all) and FLAGS go to run_quality.py. Every step is resumable: a step the
+# budget cuts (generate, extract, either training, the curve) carries on in the next call on the
+# same warm machine (/tmp/e3q persists between consecutive calls; a fresh machine starts over).
+# $OUT: device_log.txt, quality_race.json (summary + curve points), acceptance_vs_steps.png,
+# target_meta.json, and speculators' inductor cache as spec_inductor.tgz.part-* (put those in
+# .inductor/ and carry [".whl", ".inductor"] to start a later machine warm).
+#
+# Issue 21, 30 min of device time, 3 calls of <= 9.5 min on one warm machine (carry: [".whl"]):
+#   1. bash benchmarks/quality/device_call.sh quality 560
+#        target (270 s training + ~40 s corpus; spec_warm compiles beside it), prep: generate 10,240
+#        samples (serve batch 2048, 160 tokens: ~150 s), vocab, extract (~4.6M tokens, ~90 s: may be
+#        cut and finish in call 2). ~560 s.
+#   2. bash benchmarks/quality/device_call.sh quality 560
+#        the rest of extract, spec_data (~50 s), ours_v16384 (1,200 steps x 16,384 tokens at ~98K tok/s:
+#        ~230 s with compile), spec_v16384 (~193K tok/s: ~130 s with start-up), then ours_v32768 until
+#        the budget cuts it (it resumes). ~560 s.
+#   3. bash benchmarks/quality/device_call.sh quality 560 curve,plot
+#        every kept checkpoint of what finished training (7 per side at 16384 with --checkpoint-every 200),
+#        finals first, 64 prompts x 96 tokens in one lockstep batch per point (~15-30 s a point, not yet
+#        measured at this size); a cut curve resumes point by point. ~560 s.
+#   Item 3 (draft vocab 32768 and 64000 = no mapping) needs ~6 min of training per vocab plus their
+#   curve points: beyond these 30 min; run `quality 560 ours,spec` then `quality 560 curve,plot` in a
+#   later session (or --draft-vocabs 16384,64000 --train-steps 1000 to fit one more vocab).
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
 # Missing Python packages travel as wheels in .whl/ (made here by fetch_wheels.sh; carry: [".whl"]) and go to /tmp/site.
 set -o pipefail
@@ -28,7 +48,7 @@ if [ "$mode" = quality ]; then
     mkdir -p /tmp/e3q && cat .inductor/spec_inductor.tgz.part-* | tar -xz -C /tmp/e3q \
       && echo "carried inductor cache unpacked: $(du -sh /tmp/e3q/inductor | cut -f1)" | tee -a "$log"
   fi
-  steps="${3:-target,spec_warm,prep,spec_data,train_ours,train_spec,train_fp8,evaluate,plot}"
+  steps="${3:-all}"
   shift $(( $# < 3 ? $# : 3 ))
   python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(( $(left) - 15 ))" --steps "$steps" "$@" \
     2>&1 | tee -a "$log"

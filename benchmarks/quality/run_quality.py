@@ -76,6 +76,7 @@ class Bench:
         self.warm: threading.Thread | None = None  # spec_warm beside the target's training
         self.warm_status = "not run"
         self.target_over = threading.Event()  # make_target has exited (its untrained copy is there or never will be)
+        self._spec_probe: str | None = None
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -225,6 +226,15 @@ class Bench:
 
     # -- speculators' cold compile, off the timed path ---------------------------------
 
+    def speculators_missing(self) -> str | None:
+        """Why speculators' side cannot run in this Python (None: it can)."""
+        if self._spec_probe is None:
+            probe = subprocess.run([self.py, "-c", "import speculators, datasets, pyarrow"], capture_output=True, text=True)
+            self._spec_probe = "" if probe.returncode == 0 else (
+                f"skipped: speculators' side needs speculators 0.9.0, datasets and pyarrow "
+                f"({probe.stderr.strip().splitlines()[-1]}); device_call.sh installs them from .whl/")
+        return self._spec_probe or None
+
     def spec_env(self) -> dict:
         """speculators' inductor cache in --work (device_call.sh carries it between sessions)."""
         return {"TORCHINDUCTOR_CACHE_DIR": str(self.work / "inductor")}
@@ -364,6 +374,15 @@ class Bench:
                           "heldout_loss_0": stats.get("eval_loss_0"), "heldout_acc_0": stats.get("eval_acc_0")},
                 "final_step": stats.get("steps")}
 
+    def speculators_missing(self) -> str | None:
+        """Why speculators' side cannot run in this Python (None: it can)."""
+        if self._spec_probe is None:
+            probe = subprocess.run([self.py, "-c", "import speculators, datasets, pyarrow"], capture_output=True, text=True)
+            self._spec_probe = "" if probe.returncode == 0 else (
+                f"skipped: speculators' side needs speculators 0.9.0, datasets and pyarrow "
+                f"({probe.stderr.strip().splitlines()[-1]}); device_call.sh installs them from .whl/")
+        return self._spec_probe or None
+
     def spec_env(self) -> dict:
         """speculators' inductor cache in --work (device_call.sh carries it between sessions)."""
         return {"TORCHINDUCTOR_CACHE_DIR": str(self.work / "inductor")}
@@ -387,8 +406,6 @@ class Bench:
         from eagle3.vocab.mapping import load_vocab_mapping
         from spec_data import write_vocab
 
-        if subprocess.run([self.py, "-c", "import speculators"], capture_output=True).returncode != 0:
-            raise StepFailed("speculators is not importable here (device_call.sh installs it from .whl/)")
         run = self.ensure_run(vocab)
         data, save = self.work / "spec_data", self.work / f"spec_ckpt_v{vocab}"
         write_vocab(*load_vocab_mapping(self.committed(run, "vocab", "vocab_mapping.safetensors")), data)
@@ -487,21 +504,24 @@ class Bench:
         curves = self.curves()
         if curves:
             plot_curves(curves, self.out / "acceptance_vs_steps.png")
-        (self.out / "curves.json").write_text(json.dumps(curves, indent=1) + "\n")
         return {"curves": {v: {s: len(p) for s, p in c.items()} for v, c in curves.items()}}
 
     def run(self, steps: list[str]) -> dict:
         tiny = self.a.tiny
         estimates = {"target": 60 if tiny else 300, "spec_warm": 60 if tiny else 330, "prep": 40 if tiny else 200,
                      "spec_data": 20 if tiny else 60, "curve": 20 if tiny else 60, "plot": 5}
-        first = self.a.vocabs[0]
         needs = {"spec_warm": ("target",), "prep": ("target",), "spec_data": ("prep",), "curve": (), "plot": ()}
         for v in self.a.vocabs:
             needs[f"ours_v{v}"] = ("prep",)
             needs[f"spec_v{v}"] = ("spec_data",)
+        status = {}
+        if self.speculators_missing():
+            for step in [s for s in steps if s in ("spec_warm", "spec_data") or s.startswith("spec_v")]:
+                status[step] = self.speculators_missing()
+                steps = [s for s in steps if s != step]
+            self.log(self.speculators_missing())
         warm_beside = "target" in steps and "spec_warm" in steps and not self.done("target") \
             and not self.done("spec_warm")
-        status = {}
         for step in steps:
             if self.done(step) and step not in ("curve", "plot"):  # curve adds the points still missing
                 status[step] = "done earlier"
@@ -538,7 +558,6 @@ class Bench:
                 status[step] = f"failed: {e}"
                 self.log(status[step])
             self.write_summary(status)
-        del first
         self.join_warm(status)
         return self.write_summary(status)
 
@@ -546,6 +565,7 @@ class Bench:
         from summarize import summarize
 
         summary = summarize(self.done("target"), self.sides(), status, vars(self.a))
+        summary["curves"] = self.curves()  # the plot's points ($OUT brings back few files)
         (self.out / "quality_race.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
 
@@ -617,8 +637,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-prompts", type=int, default=64)
     ap.add_argument("--eval-new-tokens", type=int, default=96)
     ap.add_argument("--draft-tokens", type=int, default=7)
-    ap.add_argument("--eval-workers", type=int, default=3, help="evaluate: processes decoding prompts in parallel")
-    ap.add_argument("--eval-batch", type=int, default=16, help="evaluate: prompts decoded in lockstep per process")
+    ap.add_argument("--eval-workers", type=int, default=1, help="evaluate: processes decoding prompts in parallel "
+                    "(each loads the target: a cost per curve point)")
+    ap.add_argument("--eval-batch", type=int, default=64, help="evaluate: prompts decoded in lockstep per process "
+                    "(all of them by default: one batch per curve point)")
     ap.add_argument("--serve-batch", type=int, default=2048, help="stand-in server batch = generate's concurrency")
     a = ap.parse_args(argv)
     a.vocabs = [int(v) for v in (a.draft_vocabs or ("512,1024,2048" if a.tiny else "16384,32768,64000")).split(",")]
