@@ -13,22 +13,26 @@
 # target_meta.json, and speculators' inductor cache as spec_inductor.tgz.part-* (put those in
 # .inductor/ and carry [".whl", ".inductor"] to start a later machine warm).
 #
-# Issue 21, 30 min of device time, 3 calls of <= 9.5 min on one warm machine (carry: [".whl"]):
+# Issue 21, 30 min of device time, 3 calls of <= 9.5 min on one warm machine (carry: [".whl"]).
+# Estimates from run 8 (quality_h200_run8/*device_log.txt): our train stage ~60 s start-up (compile)
+# + 1,200 steps x 16,384 tokens at ~390K tok/s = ~110 s; speculators ~70 s start-up + at ~181K tok/s
+# = ~180 s; so one draft vocab's race is ~290 s. Generation: 1,024 requests x 192 tokens took 18 s.
 #   1. bash benchmarks/quality/device_call.sh quality 560
-#        target (270 s training + ~40 s corpus; spec_warm compiles beside it), prep: generate 10,240
-#        samples (serve batch 2048, 160 tokens: ~150 s), vocab, extract (~4.6M tokens, ~90 s: may be
-#        cut and finish in call 2). ~560 s.
+#        target (270 s training + ~40 s corpus/tokenizer; spec_warm compiles beside it), prep: generate
+#        10,240 samples (serve batch 2048 x 160 tokens: ~150 s), vocab, extract (~4.6M tokens at ~53K
+#        tok/s: ~90 s; the budget may cut it: it resumes in call 2). ~560 s.
 #   2. bash benchmarks/quality/device_call.sh quality 560
-#        the rest of extract, spec_data (~50 s), ours_v16384 (1,200 steps x 16,384 tokens at ~98K tok/s:
-#        ~230 s with compile), spec_v16384 (~193K tok/s: ~130 s with start-up), then ours_v32768 until
-#        the budget cuts it (it resumes). ~560 s.
-#   3. bash benchmarks/quality/device_call.sh quality 560 curve,plot
-#        every kept checkpoint of what finished training (7 per side at 16384 with --checkpoint-every 200),
-#        finals first, 64 prompts x 96 tokens in one lockstep batch per point (~15-30 s a point, not yet
-#        measured at this size); a cut curve resumes point by point. ~560 s.
-#   Item 3 (draft vocab 32768 and 64000 = no mapping) needs ~6 min of training per vocab plus their
-#   curve points: beyond these 30 min; run `quality 560 ours,spec` then `quality 560 curve,plot` in a
-#   later session (or --draft-vocabs 16384,64000 --train-steps 1000 to fit one more vocab).
+#        the rest of extract, spec_data (~50 s), ours_v16384 + spec_v16384 (~290 s), ours_v32768
+#        (~110 s), spec_v32768 until the budget cuts it (it resumes from its mid-epoch checkpoint). ~560 s.
+#   3. bash benchmarks/quality/device_call.sh quality 560 spec_v32768,curve,plot
+#        the rest of spec_v32768, then the curve: final checkpoints of every trained side first, then
+#        16384's intermediate ones (7 points a side with --checkpoint-every 200), 64 prompts x 96 tokens
+#        in one lockstep batch per point (~20 s a point, estimated from run 5's 112 ms per decode round;
+#        not measured at this size). A cut curve resumes point by point. ~560 s.
+#   Not in these 30 min: draft vocab 64000 (= target vocab, no mapping): one more call,
+#   `quality 560 ours_v64000,spec_v64000,curve,plot` (~290 s training + its curve points).
+#   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M
+#   tokens); the other vocabs' runs hard-link ours, no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
 # Missing Python packages travel as wheels in .whl/ (made here by fetch_wheels.sh; carry: [".whl"]) and go to /tmp/site.
 set -o pipefail

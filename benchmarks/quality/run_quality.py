@@ -388,13 +388,14 @@ class Bench:
         return {"TORCHINDUCTOR_CACHE_DIR": str(self.work / "inductor")}
 
     def spec_train_cmd(self, data: Path, save: Path, export: Path, out_json: Path, aux: list[str],
-                       extra: tuple[str, ...] = (), target: Path | None = None, vocab: int | None = None) -> list[str]:
+                       extra: tuple[str, ...] = (), target: Path | None = None, vocab: int | None = None,
+                       epochs: int = 1) -> list[str]:
         """speculators' trainer on ``data``, configured like our drafter (spec_train.py)."""
         a = self.a
         cmd = [self.py, str(HERE / "spec_train.py"), "--target", str(target or self.work / "target"),
                "--data", str(data), "--save", str(save), "--export", str(export), "--out-json", str(out_json),
                "--aux-layer-ids", *aux, "--draft-vocab-size", str(vocab or a.vocabs[0]), "--lr", str(a.lr),
-               "--warmup-steps", str(a.warmup_steps), "--epochs", "1000",
+               "--warmup-steps", str(a.warmup_steps), "--epochs", str(epochs),
                "--total-seq-len", str(a.batch_tokens), "--num-workers", "0" if a.tiny else "8"]
         if a.tiny:  # no GPU: speculators' trainer needs one; save its initialized drafter instead
             extra = ("--draft-attn-impl", "sdpa", "--dry-run", *extra)
@@ -409,14 +410,17 @@ class Bench:
         run = self.ensure_run(vocab)
         data, save = self.work / "spec_data", self.work / f"spec_ckpt_v{vocab}"
         write_vocab(*load_vocab_mapping(self.committed(run, "vocab", "vocab_mapping.safetensors")), data)
-        # a checkpoint every checkpoint_every steps, as ours: speculators counts in shares of an epoch
+        # speculators counts checkpoints in shares of an epoch and runs every epoch asked for (one step and a
+        # validation each past --max-steps): epochs from an estimate of its steps per epoch that packing
+        # waste only makes larger, so --max-steps stops it inside the last epoch
         tokens = self.committed(self.run_id(self.a.vocabs[0]), "extract").get("tokens") or 0
-        per_epoch = max(1, tokens // self.a.batch_tokens)
+        per_epoch = max(1, int(0.98 * tokens) // self.a.batch_tokens)  # its --train-data-ratio 0.98
+        epochs = -(-self.a.train_steps // per_epoch)
         freq = min(1.0, self.a.checkpoint_every / per_epoch)
         extra = ("--max-steps", str(self.a.train_steps), "--checkpoint-freq", f"{freq:.4f}")
         out_json = self.work / f"spec_train_v{vocab}.json"
         cmd = self.spec_train_cmd(data, save, self.work / f"spec_export_v{vocab}", out_json, self.aux_ids(), extra,
-                                  vocab=vocab)
+                                  vocab=vocab, epochs=epochs)
         with Snapshots(lambda: spec_checkpoints(save), self.snapshots("spec", vocab)):
             rc = self.sh(cmd, reserve_s=30, env=self.spec_env())
         if rc != 0:
@@ -424,7 +428,7 @@ class Bench:
         train = json.loads(out_json.read_text())
         return {"train": {k: train.get(k) for k in ("steady_tokens_per_s", "wall_seconds", "peak_memory_gib",
                                                     "last_step", "mean_tokens_per_step", "final_train_metrics")},
-                "final_step": max(s for s, _ in spec_checkpoints(save))}
+                "final_step": max((s for s, _ in spec_checkpoints(save)), default=None), "epochs": epochs}
 
     def curve_points(self) -> list[tuple[int, str, int, Path]]:
         """(vocab, side, step, snapshot) of every trained side; each side's final step first."""
