@@ -374,19 +374,6 @@ class Bench:
                           "heldout_loss_0": stats.get("eval_loss_0"), "heldout_acc_0": stats.get("eval_acc_0")},
                 "final_step": stats.get("steps")}
 
-    def speculators_missing(self) -> str | None:
-        """Why speculators' side cannot run in this Python (None: it can)."""
-        if self._spec_probe is None:
-            probe = subprocess.run([self.py, "-c", "import speculators, datasets, pyarrow"], capture_output=True, text=True)
-            self._spec_probe = "" if probe.returncode == 0 else (
-                f"skipped: speculators' side needs speculators 0.9.0, datasets and pyarrow "
-                f"({probe.stderr.strip().splitlines()[-1]}); device_call.sh installs them from .whl/")
-        return self._spec_probe or None
-
-    def spec_env(self) -> dict:
-        """speculators' inductor cache in --work (device_call.sh carries it between sessions)."""
-        return {"TORCHINDUCTOR_CACHE_DIR": str(self.work / "inductor")}
-
     def spec_train_cmd(self, data: Path, save: Path, export: Path, out_json: Path, aux: list[str],
                        extra: tuple[str, ...] = (), target: Path | None = None, vocab: int | None = None,
                        epochs: int = 1) -> list[str]:
@@ -431,7 +418,8 @@ class Bench:
                 "final_step": max((s for s, _ in spec_checkpoints(save)), default=None), "epochs": epochs}
 
     def curve_points(self) -> list[tuple[int, str, int, Path]]:
-        """(vocab, side, step, snapshot) of every trained side; each side's final step first."""
+        """(vocab, side, step, snapshot) of every trained side: each side's final step first, then the
+        others by vocab (the first vocab's curve before the others')."""
         finals, rest = [], []
         for vocab in self.a.vocabs:
             for side in ("ours", "spec"):
@@ -442,7 +430,7 @@ class Bench:
                 points = [(vocab, side, s, p) for s, p in snapshot_steps(self.snapshots(side, vocab))]
                 finals += points[-1:]
                 rest += points[:-1]
-        return finals + sorted(rest, key=lambda p: (p[0], p[2], p[1]))
+        return finals + sorted(rest, key=lambda p: (self.a.vocabs.index(p[0]), p[2], p[1]))
 
     def point_file(self, vocab: int, side: str, step: int) -> Path:
         return self.work / "curve" / f"{side}-v{vocab}" / f"step-{step:07d}.json"
@@ -471,6 +459,9 @@ class Bench:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"step": step, **report}, indent=1) + "\n")
             shutil.rmtree(export, ignore_errors=True)
+            if step != self.done(f"{side}_v{vocab}")["final_step"]:
+                shutil.rmtree(snap)  # evaluated: ~0.2 GB a checkpoint at 64K vocab, and the disk holds two copies
+                # of the hidden states; the final drafter stays
             evaluated, t_point = evaluated + 1, time.monotonic() - t0
         return {"points": evaluated}
 
