@@ -123,6 +123,9 @@ def export_ours(ckpt: Path, target: str, aux_ids: list[int], out: Path) -> dict:
     spec_cfg = json.loads((ckpt / "config.json").read_text())
     layer = spec_cfg["transformer_layer_config"]
     tcfg = AutoConfig.from_pretrained(target)
+    if "d2t" not in raw:  # draft vocab = target vocab: speculators keeps no mapping; ours is the identity
+        raw["d2t"] = torch.zeros(tcfg.vocab_size, dtype=torch.int64)  # offsets: draft id i is target id i
+        raw["t2d"] = torch.ones(tcfg.vocab_size, dtype=torch.bool)
     weights = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in raw.items()}
     dcfg = DrafterConfig(
         hidden_size=layer["hidden_size"], target_hidden_size=tcfg.hidden_size,

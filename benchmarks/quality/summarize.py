@@ -85,25 +85,29 @@ def ratio(name_a: str, a: float | None, name_b: str, b: float | None) -> float |
     return refused(missing) if missing else round(a / b, 3)  # type: ignore[operator]
 
 
-def variant_summary(ours: dict | None, spec: dict | None) -> dict[str, Any]:
+def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = None) -> dict[str, Any]:
     """One draft vocab's race: each side's final acceptance (CI), training numbers, and the ratios.
 
-    ``ours`` / ``spec``: {"final": evaluator report of the last checkpoint, "train": {...}} or None.
+    ``ours`` / ``spec``: {"final": evaluator report of the last checkpoint, "final_step", "train": {...}}
+    or None. A side that trained fewer than ``steps`` optimizer steps counts as missing (a CPU
+    ``--dry-run`` of speculators saves its untrained drafter: step 0).
     """
     out: dict[str, Any] = {}
     for name, side in (("eagle3ctl", ours), ("speculators", spec)):
-        if side and side.get("final"):
+        if not side or not side.get("final"):
+            out[name] = refused([name])
+        elif steps is not None and (side.get("final_step") or 0) < steps:
+            out[name] = refused([f"{name} (trained {side.get('final_step') or 0} of {steps} steps)"])
+        else:
             out[name] = {"acceptance": acceptance_ci(side["final"]), "steps": side.get("final_step"),
                          "train": side.get("train")}
-        else:
-            out[name] = refused([name])
     o_ok, s_ok = isinstance(out["eagle3ctl"], dict), isinstance(out["speculators"], dict)
     if o_ok and s_ok:
         out["acceptance_ratio"] = acceptance_ratio_ci(ours["final"], spec["final"]) or refused(["shared prompts"])
     else:
         out["acceptance_ratio"] = refused([n for n, ok in (("eagle3ctl", o_ok), ("speculators", s_ok)) if not ok])
-    ot = (ours or {}).get("train") or {}
-    st = (spec or {}).get("train") or {}
+    ot = ((ours or {}).get("train") or {}) if o_ok else {}
+    st = ((spec or {}).get("train") or {}) if s_ok else {}
     out["throughput_ratio"] = ratio("eagle3ctl", ot.get("steady_tokens_per_s"), "speculators",
                                     st.get("steady_tokens_per_s"))
     out["peak_memory_ratio"] = ratio("eagle3ctl", ot.get("peak_memory_gib"), "speculators", st.get("peak_memory_gib"))
@@ -118,6 +122,6 @@ def summarize(target: dict | None, variants: dict[int, dict[str, dict | None]], 
         head["target"] = {k: target.get(k) for k in ("parameters", "train_tokens", "train_seconds", "heldout_loss",
                                                      "train_tokens_per_s")}
     head["goals"] = "acceptance ratio >= 1.1 with ci95 above 1.0; throughput ratio >= 1.5; peak memory ratio <= 1.0"
-    head["by_draft_vocab"] = {str(v): variant_summary(sides.get("ours"), sides.get("spec"))
+    head["by_draft_vocab"] = {str(v): variant_summary(sides.get("ours"), sides.get("spec"), args.get("train_steps"))
                               for v, sides in sorted(variants.items())}
     return {"headline": head, "status": status, "args": args}

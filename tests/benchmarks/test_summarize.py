@@ -73,6 +73,12 @@ def test_ratios_are_refused_when_a_side_is_missing():
     assert both["acceptance_ratio"]["ratio"] == 1.25 and both["throughput_ratio"] == 1.5
     assert both["peak_memory_ratio"] == "not reported: speculators missing"  # theirs has no peak memory
     assert summarize.variant_summary(None, None)["acceptance_ratio"] == "not reported: eagle3ctl, speculators missing"
+    untrained = {**theirs, "final_step": 0}  # speculators' --dry-run on CPU: its initialized drafter
+    short = summarize.variant_summary(ours, untrained, steps=12)
+    assert short["speculators"] == "not reported: speculators (trained 0 of 12 steps) missing"
+    assert short["acceptance_ratio"] == "not reported: speculators missing"
+    assert short["throughput_ratio"] == "not reported: speculators missing"
+    assert isinstance(short["eagle3ctl"], dict)  # 12 of 12 steps
 
 
 def test_the_curves_plot_is_a_png(tmp_path):
