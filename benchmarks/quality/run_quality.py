@@ -372,7 +372,7 @@ class Bench:
                           "steady_tokens_per_s": steady(records), "loop_tokens_per_s": stats.get("tokens_per_s"),
                           "peak_memory_gib": stats.get("peak_memory_gib"), "resumed_from_step": stats.get("resumed_from_step"),
                           "heldout_loss_0": stats.get("eval_loss_0"), "heldout_acc_0": stats.get("eval_acc_0")},
-                "final_step": stats.get("steps")}
+                "final_step": stats.get("steps"), "train_steps": self.a.train_steps}
 
     def spec_train_cmd(self, data: Path, save: Path, export: Path, out_json: Path, aux: list[str],
                        extra: tuple[str, ...] = (), target: Path | None = None, vocab: int | None = None,
@@ -415,7 +415,8 @@ class Bench:
         train = json.loads(out_json.read_text())
         return {"train": {k: train.get(k) for k in ("steady_tokens_per_s", "wall_seconds", "peak_memory_gib",
                                                     "last_step", "mean_tokens_per_step", "final_train_metrics")},
-                "final_step": max((s for s, _ in spec_checkpoints(save)), default=None), "epochs": epochs}
+                "final_step": max((s for s, _ in spec_checkpoints(save)), default=None), "epochs": epochs,
+                "train_steps": self.a.train_steps}
 
     def curve_points(self) -> list[tuple[int, str, int, Path]]:
         """(vocab, side, step, snapshot) of every trained side: each side's final step first, then the
@@ -519,7 +520,9 @@ class Bench:
             and not self.done("spec_warm")
         for step in steps:
             if self.done(step) and step not in ("curve", "plot"):  # curve adds the points still missing
-                status[step] = "done earlier"
+                trained = self.done(step).get("train_steps")
+                status[step] = "done earlier" if trained in (None, self.a.train_steps) else (
+                    f"done earlier with --train-steps {trained} (remove {self.work}/results/{step}.json to retrain)")
                 continue
             if step == "spec_warm" and warm_beside:
                 status[step] = "running beside target" if self.warm is not None else self.warm_status
