@@ -111,25 +111,17 @@ def export_our_checkpoint(snapshot: Path, drafter_config: dict, vocab_mapping: P
 def evaluate_export(config: Path, export_dir: Path) -> dict[str, Any]:
     """The evaluate stage's hf report for an export directory, on the config's held-out prompts."""
     from eagle3.config import load_config
-    from eagle3.evaluate.prompts import held_out_prompts
-    from eagle3.evaluate.stage import _render, hf_report, open_hf_decoder
-    from eagle3.evaluate.workers import batches, decode_here, decode_in_workers
+    from eagle3.evaluate.stage import decode_prompts, held_out_prompt_ids, hf_report
     from eagle3.export.stage import CONFIG
-    from eagle3.targets.load import load_tokenizer
 
     cfg = load_config(config)
-    ev = cfg.evaluate
-    held = held_out_prompts(cfg)
-    tokenizer = load_tokenizer(cfg.target)
-    items = [(i, p.sample_id, _render(tokenizer, p.messages)) for i, p in enumerate(held.prompts)]
-    args = (cfg.target, ev, json.loads((export_dir / CONFIG).read_text()), export_dir / MODEL)
-    workers = min(ev.workers, len(batches(len(items), ev.batch_size)))
-    stream = (decode_in_workers(open_hf_decoder, args, items, workers, batch_size=ev.batch_size)
-              if workers > 1 else decode_here(open_hf_decoder, args, items, ev.batch_size))
+    held, prompts = held_out_prompt_ids(cfg)
+    items = [(i, p.sample_id, ids) for i, (p, ids) in enumerate(zip(held.prompts, prompts))]
+    export_config = json.loads((export_dir / CONFIG).read_text())
     results: list[Any] = [None] * len(items)
-    with closing(stream):
+    with closing(decode_prompts(cfg.target, cfg.evaluate, export_config, export_dir / MODEL, items)) as stream:
         for j, r in stream:
             results[j] = r
-    report = hf_report(ev.num_draft_tokens, results)
+    report = hf_report(cfg.evaluate.num_draft_tokens, results)
     report["num_prompts"], report["held_out"] = len(items), held.held_out
     return report

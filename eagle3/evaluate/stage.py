@@ -55,9 +55,15 @@ def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
     return ids
 
 
-def _render(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def held_out_prompt_ids(cfg: Any) -> tuple[Any, list[list[int]]]:
+    """The held-out prompts, and their token ids as a server prompts the target: the chat
+    template with its generation prompt (:mod:`eagle3.data.render`, as generate's samples)."""
+    from eagle3.data.render import encode, generation_prompt
+    from eagle3.targets.load import load_tokenizer
+
+    held = held_out_prompts(cfg)
+    tokenizer = load_tokenizer(cfg.target)
+    return held, [encode(tokenizer, generation_prompt(tokenizer, p.messages)) for p in held.prompts]
 
 
 @dataclass
@@ -148,6 +154,22 @@ def _check_workers_fit(ev: EvaluateSettings, target_settings: TargetSettings, wo
                          "over all GPUs; set evaluate.workers to 1")
 
 
+def decode_prompts(target_settings: TargetSettings, ev: EvaluateSettings, export_config: dict[str, Any],
+                   weights: Path, items: list[tuple[int, int, list[int]]],
+                   labels: list[int] | None = None) -> Iterator[tuple[int, PromptResult]]:
+    """``(position in items, result)`` as prompts finish, decoded by the exported drafter
+    (``export_config`` + ``weights``) in this process or in ``ev.workers`` processes; close it
+    (``contextlib.closing``) to stop the workers early."""
+    from eagle3.evaluate.workers import batches, decode_here, decode_in_workers
+
+    args = (target_settings, ev, export_config, weights)
+    workers = min(ev.workers, len(batches(len(items), ev.batch_size)))
+    _check_workers_fit(ev, target_settings, workers)
+    if workers > 1:
+        return decode_in_workers(open_hf_decoder, args, items, workers, batch_size=ev.batch_size, labels=labels)
+    return decode_here(open_hf_decoder, args, items, ev.batch_size)
+
+
 def _recovered_results(ctx: StageContext, sample_ids: list[int]) -> list[PromptResult | None]:
     """Results a killed attempt journaled (same input key), by prompt index; None where missing."""
     out = ctx.output
@@ -169,12 +191,9 @@ def _recovered_results(ctx: StageContext, sample_ids: list[int]) -> list[PromptR
 
 def _evaluate_hf(ctx: StageContext, prompts: list[list[int]], sample_ids: list[int]) -> tuple[dict[str, Any], int]:
     """The report, and how many prompts' results a killed attempt had already journaled."""
-    from eagle3.evaluate.workers import batches, decode_here, decode_in_workers
-
     ev, out = ctx.cfg.evaluate, ctx.output
     assert out is not None
     config = ctx.upstream_json("export", EXPORT_CONFIG)
-    args = (ctx.cfg.target, ev, config, ctx.upstream_path("export", EXPORT_MODEL))
     results = _recovered_results(ctx, sample_ids)
     resumed = sum(r is not None for r in results)
     items = [(i, sample_ids[i], prompts[i]) for i, r in enumerate(results) if r is None]
@@ -182,11 +201,8 @@ def _evaluate_hf(ctx: StageContext, prompts: list[list[int]], sample_ids: list[i
     length_sum = sum(sum(r.accept_lengths) for r in results if r is not None)
     steps = sum(len(r.accept_lengths) for r in results if r is not None)
     if items:
-        workers = min(ev.workers, len(batches(len(items), ev.batch_size)))
-        _check_workers_fit(ev, ctx.cfg.target, workers)
         labels = [i for i, _, _ in items]  # failures name the prompt, not its place among those left
-        stream = (decode_in_workers(open_hf_decoder, args, items, workers, batch_size=ev.batch_size, labels=labels)
-                  if workers > 1 else decode_here(open_hf_decoder, args, items, ev.batch_size))
+        stream = decode_prompts(ctx.cfg.target, ev, config, ctx.upstream_path("export", EXPORT_MODEL), items, labels)
         with closing(stream):
             for done, (j, r) in enumerate(stream, resumed + 1):
                 i = items[j][0]
@@ -219,8 +235,6 @@ def _evaluate_vllm(ctx: StageContext, prompts: list[list[int]]) -> dict[str, Any
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    from eagle3.targets.load import load_tokenizer
-
     from eagle3.targets.fit import check_fit
 
     out = ctx.output
@@ -228,9 +242,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         return {}
     check_fit(ctx.cfg, "evaluate")
     ev = ctx.cfg.evaluate
-    held = held_out_prompts(ctx.cfg)
-    tokenizer = load_tokenizer(ctx.cfg.target)
-    prompts = [_render(tokenizer, p.messages) for p in held.prompts]
+    held, prompts = held_out_prompt_ids(ctx.cfg)
     if not prompts:
         raise StageError("evaluate: no prompts to evaluate on")
     sample_ids = [p.sample_id for p in held.prompts]
