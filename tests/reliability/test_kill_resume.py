@@ -64,7 +64,7 @@ KILLS = [
 
 
 def write_config(workdir: Path, cache: Path) -> Path:
-    return tiny_run.write_config(workdir, "rel", f"file://{workdir / 'store'}", cache, steps=24, prompts=6)
+    return tiny_run.write_config(workdir, "rel", f"file://{workdir / 'store'}", cache, steps=24, prompts=8)
 
 
 class Pipeline:
@@ -106,43 +106,64 @@ def _running(state: dict, proc: subprocess.Popen, stage: str) -> bool:
     return state.get("stages", {}).get(stage, {}).get("state") == "running"
 
 
+def _running_now(state: dict, proc: subprocess.Popen) -> list[str]:
+    if state.get("scheduler_pid") != proc.pid:
+        return []
+    return [n for n, s in state.get("stages", {}).items() if s.get("state") == "running"]
+
+
+def _signal(p: Pipeline, proc: subprocess.Popen, kill: Kill) -> bool:
+    """Send ``kill``; False when its stage's process was already gone (it ended just then)."""
+    if kill.target == "cli":
+        proc.send_signal(kill.signal)
+        return True
+    state = p.state()
+    pid = state["serve"]["pid"] if kill.stage == "serve" else state["stages"][kill.stage]["pid"]
+    try:
+        os.killpg(pid, kill.signal)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def kill_at(p: Pipeline, kill: Kill, log: Path) -> dict:
-    """Start an attempt, kill it where ``kill`` says; what happened."""
+    """Start an attempt, kill it where ``kill`` says; what happened.
+
+    The planned stage may run out under the trial (it commits before enough of it was
+    journaled) or have been committed by an earlier attempt (a fast machine gets further
+    between kills): then the kill lands in whatever stage of this attempt runs now, so every
+    trial hits a live pipeline instead of waiting for it to finish.
+    """
     planned = str(kill)
     proc = p.start(log)
     deadline = time.monotonic() + TRIAL_TIMEOUT_S
-    base = None
+    base = None  # the planned stage's journal count when this attempt was first seen running it
     landed = None
     while time.monotonic() < deadline and proc.poll() is None:
         state = p.state()
+        aim = None
         if _running(state, proc, kill.stage):
             if base is None:
                 base = p.journaled(kill.stage)
             if p.journaled(kill.stage) - base >= kill.after:
-                landed = kill.stage
-                break
-        elif base is not None:
-            # the stage ended before enough of it was journaled (it commits, its journal goes):
-            # kill now, in whatever runs next, so the trial still lands on a live pipeline
-            running = [n for n, s in state.get("stages", {}).items() if s.get("state") == "running"]
-            if kill.target == "stage" and not running:
-                base = None
-                continue
-            landed = f"after {kill.stage}" + (f" ({running[0]} running)" if running else "")
-            kill = Kill(running[0] if running else kill.stage, kill.after, kill.signal, kill.target)
+                aim, where = kill, kill.stage
+        elif base is not None or (kill.stage != "serve" and (p.run / kill.stage / "manifest.json").exists()):
+            running = _running_now(state, proc)
+            if running:
+                aim = Kill(running[0], kill.after, kill.signal, kill.target)
+                where = f"after {kill.stage} ({running[0]} running)"
+            elif base is not None and kill.target == "cli" and state.get("scheduler_pid") == proc.pid:
+                aim, where = kill, f"after {kill.stage}"  # between stages: the scheduler alone is hit
+        if aim is not None and _signal(p, proc, aim):
+            kill, landed = aim, where
             break
         time.sleep(0.05)
-    if proc.poll() is not None:
+    if landed is None:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"{planned}: no kill landed in {TRIAL_TIMEOUT_S} s; log {log}")
         return {"kill": planned, "landed": None, "rc": proc.returncode}
-    state = p.state()
-    if kill.target == "cli":
-        proc.send_signal(kill.signal)
-    else:
-        pid = state["stages"][kill.stage]["pid"] if kill.stage != "serve" else state["serve"]["pid"]
-        try:
-            os.killpg(pid, kill.signal)
-        except ProcessLookupError:
-            landed = None  # it finished just then
     try:
         rc = proc.wait(timeout=TRIAL_TIMEOUT_S)
     except subprocess.TimeoutExpired:
