@@ -67,6 +67,16 @@ def write_config(workdir: Path, cache: Path) -> Path:
     return tiny_run.write_config(workdir, "rel", f"file://{workdir / 'store'}", cache, steps=24, prompts=8)
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """Give the CLI the default SIGINT disposition, as a shell in a terminal does.
+
+    A test run started in the background (``.ci/run &``, nohup) inherits SIGINT ignored, and
+    Python keeps an inherited SIG_IGN: the Ctrl-C trials would then watch the pipeline run to
+    the end instead of testing what Ctrl-C does.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Pipeline:
     """``eagle3ctl run pipeline`` in a working directory, and what its store says."""
 
@@ -79,7 +89,7 @@ class Pipeline:
         out = open(log, "wb")
         return subprocess.Popen([sys.executable, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(self.config)],
                                 cwd=self.workdir, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_sigint_as_at_a_terminal)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "eagle3.cli.app", *args, "-c", str(self.config)],
@@ -170,7 +180,9 @@ def kill_at(p: Pipeline, kill: Kill, log: Path) -> dict:
         proc.kill()
         raise AssertionError(f"{kill}: eagle3ctl did not stop; log {log}") from None
     if kill.target == "cli" and kill.signal == signal.SIGINT:
-        assert rc in (0, 130), f"{kill}: Ctrl-C ended with {rc}; log {log}"
+        # Ctrl-C stops the attempt with 130 (stages stopped, nothing committed half-way);
+        # 0 would mean it was ignored and the pipeline ran on to the end under the trial.
+        assert rc == 130, f"{kill}: Ctrl-C ended with {rc}; log {log}"
     return {"kill": planned, "landed": landed, "rc": rc}
 
 
