@@ -511,11 +511,12 @@ class Bench:
             needs[f"ours_v{v}"] = ("prep",)
             needs[f"spec_v{v}"] = ("spec_data",)
         status = {}
-        if self.speculators_missing():
-            for step in [s for s in steps if s in ("spec_warm", "spec_data") or s.startswith("spec_v")]:
-                status[step] = self.speculators_missing()
-                steps = [s for s in steps if s != step]
-            self.log(self.speculators_missing())
+        why_not = self.speculators_missing()
+        if why_not:
+            theirs = [s for s in steps if s in ("spec_warm", "spec_data") or s.startswith("spec_v")]
+            status.update(dict.fromkeys(theirs, why_not))
+            steps = [s for s in steps if s not in theirs]
+            self.log(why_not)
         warm_beside = "target" in steps and "spec_warm" in steps and not self.done("target") \
             and not self.done("spec_warm")
         for step in steps:

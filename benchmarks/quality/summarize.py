@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from typing import Any
+from typing import Any, Callable
 
 DRAWS = 2000
 SEED = 0
@@ -42,19 +42,25 @@ def _quantiles(boot: list[float]) -> list[float]:
     return [round(boot[int(0.025 * len(boot))], 4), round(boot[int(0.975 * len(boot)) - 1], 4)]
 
 
+def _bootstrap(ids: list[int], statistic: Callable[[list[int]], float], draws: int, seed: int) -> tuple[float, list[float]]:
+    """The statistic over ``ids`` and its seeded 95 % bootstrap interval (prompts drawn with replacement)."""
+    rng = random.Random(seed)
+    boot = [statistic([rng.choice(ids) for _ in ids]) for _ in range(draws)]
+    return round(statistic(ids), 4), _quantiles(boot)
+
+
+def _mean_length(rows: dict[int, tuple[float, int]], sample: list[int]) -> float:
+    return sum(rows[i][0] for i in sample) / sum(rows[i][1] for i in sample)
+
+
 def acceptance_ci(report: dict, draws: int = DRAWS, seed: int = SEED) -> dict | None:
     """Mean acceptance length over the report's prompts with a 95 % bootstrap interval; None under 2 prompts."""
     rows = _per_prompt(report)
     ids = sorted(rows)
     if len(ids) < 2:
         return None
-
-    def mean(sample: list[int]) -> float:
-        return sum(rows[i][0] for i in sample) / sum(rows[i][1] for i in sample)
-
-    rng = random.Random(seed)
-    boot = [mean([rng.choice(ids) for _ in ids]) for _ in range(draws)]
-    return {"mean_acceptance_length": round(mean(ids), 4), "ci95": _quantiles(boot), "prompts": len(ids)}
+    mean, ci = _bootstrap(ids, lambda sample: _mean_length(rows, sample), draws, seed)
+    return {"mean_acceptance_length": mean, "ci95": ci, "prompts": len(ids)}
 
 
 def acceptance_ratio_ci(ours: dict, theirs: dict, draws: int = DRAWS, seed: int = SEED) -> dict | None:
@@ -64,15 +70,8 @@ def acceptance_ratio_ci(ours: dict, theirs: dict, draws: int = DRAWS, seed: int 
     ids = sorted(set(a) & set(b))
     if len(ids) < 2:
         return None
-
-    def ratio(sample: list[int]) -> float:
-        ta = sum(a[i][0] for i in sample) / sum(a[i][1] for i in sample)
-        tb = sum(b[i][0] for i in sample) / sum(b[i][1] for i in sample)
-        return ta / tb
-
-    rng = random.Random(seed)
-    boot = [ratio([rng.choice(ids) for _ in ids]) for _ in range(draws)]
-    return {"ratio": round(ratio(ids), 4), "ci95": _quantiles(boot), "prompts": len(ids), "draws": draws}
+    ratio_, ci = _bootstrap(ids, lambda sample: _mean_length(a, sample) / _mean_length(b, sample), draws, seed)
+    return {"ratio": ratio_, "ci95": ci, "prompts": len(ids), "draws": draws}
 
 
 def refused(missing: list[str]) -> str:
