@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-QUALITY = Path(__file__).resolve().parents[2] / "benchmarks" / "quality"
+from tests.benchmarks.quality_modules import load
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"quality_{name}", QUALITY / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-run_quality, curve = _load("run_quality"), _load("curve")
+run_quality, curve = load("run_quality"), load("curve")
 
 
 def test_steps_interleave_the_vocabs_and_expand_the_side_names():

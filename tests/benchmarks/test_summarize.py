@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
-from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location(
-    "quality_summarize", Path(__file__).resolve().parents[2] / "benchmarks" / "quality" / "summarize.py")
-summarize = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(summarize)
+from tests.benchmarks.quality_modules import load
+
+summarize = load("summarize")
 acceptance_ratio_ci = summarize.acceptance_ratio_ci
 
 
@@ -82,10 +79,7 @@ def test_ratios_are_refused_when_a_side_is_missing():
 
 
 def test_the_curves_plot_is_a_png(tmp_path):
-    _plot = importlib.util.spec_from_file_location(
-        "quality_plot", Path(__file__).resolve().parents[2] / "benchmarks" / "quality" / "plot_quality.py")
-    plot = importlib.util.module_from_spec(_plot)
-    _plot.loader.exec_module(plot)
+    plot = load("plot_quality")
     points = [{"step": s, "mean_acceptance_length": 1 + s / 1000, "ci95": [0.9 + s / 1000, 1.1 + s / 1000]}
               for s in (200, 400, 600)]
     curves = {16384: {"eagle3ctl": points, "speculators": points[:2]}, 64000: {"eagle3ctl": points[:1]}}

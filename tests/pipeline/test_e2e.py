@@ -6,7 +6,6 @@ file:// store. Concurrency is asserted from the start/end times the run records.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -23,12 +22,12 @@ import yaml
 from eagle3.data.tokenized import read_tokenized  # noqa: F401  (fails early if the contract module moved)
 from eagle3.stages import ORDER, STAGES
 from eagle3.store.local import LocalStore
+from tests.benchmarks.quality_modules import load
 from tests.committed import path_of
 
 pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-QUALITY = Path(__file__).resolve().parents[2] / "benchmarks" / "quality"
 RUN_TIMEOUT_S = 900
 
 
@@ -146,15 +145,15 @@ def test_tiny_pipeline_end_to_end_then_rerun_skips(tmp_path, target_cache, arch)
 def assert_the_race_evaluates_as_the_evaluate_stage(config: Path, drafter: Path, store: Path, run_id: str) -> None:
     """benchmarks/quality's curve decodes every point through the evaluate stage's own entry points:
     on the exported drafter it must give exactly the committed report's numbers, prompt by prompt."""
-    spec = importlib.util.spec_from_file_location("quality_curve", QUALITY / "curve.py")
-    curve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(curve)
-    ours = curve.evaluate_export(config, drafter)
+    ours = load("curve").evaluate_export(config, drafter)
     committed = json.loads(path_of(LocalStore(store), run_id, "evaluate", "report.json").read_text())
     for key in ("mean_acceptance_length", "accepted_per_position", "verify_steps", "num_prompts", "held_out"):
         assert ours[key] == committed[key], key
-    assert [(r["id"], r["verify_steps"], r["mean_acceptance_length"]) for r in ours["per_prompt"]] == \
-        [(r["id"], r["verify_steps"], r["mean_acceptance_length"]) for r in committed["per_prompt"]]
+
+    def prompts(report: dict) -> list[tuple]:
+        return [(r["id"], r["verify_steps"], r["mean_acceptance_length"]) for r in report["per_prompt"]]
+
+    assert prompts(ours) == prompts(committed)
 
 
 def assert_a_bad_setting_is_refused_before_anything_starts(workdir: Path, run_id: str) -> None:
