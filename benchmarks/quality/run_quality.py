@@ -273,8 +273,11 @@ class Bench:
         more than the call that trains it can spare. Batches are padded to ``--total-seq-len``,
         so the real run (same target shapes, drafter and draft vocab) finds every graph in the
         inductor cache; the weights do not matter, so ``target`` may be the untrained one. The
-        trained drafter is thrown away; the seconds this took are kept as speculators' cold start.
+        trained drafter is thrown away; the seconds this took are kept as speculators' cold start,
+        per draft vocab (each compiles its own graphs: every vocab of ``--draft-vocabs`` is warmed).
         """
+        from spec_data import write_vocab
+
         from eagle3.data.tokenized import from_lists, write_tokenized
         from eagle3.targets.aux_layers import default_aux_layer_ids
         from eagle3.vocab.mapping import build_vocab_mapping, save_vocab_mapping
@@ -294,7 +297,7 @@ class Bench:
         data = from_lists(samples)
         write_tokenized(warm / "tokenized.safetensors", data)
         counts = torch.bincount(data.input_ids.long(), minlength=vocab)
-        save_vocab_mapping(warm / "vocab_mapping.safetensors", *build_vocab_mapping(counts, self.a.draft_vocab))
+        save_vocab_mapping(warm / "vocab_mapping.safetensors", *build_vocab_mapping(counts, self.a.vocabs[0]))
         aux = [str(i) for i in default_aux_layer_ids(layers)]
         t0 = time.monotonic()
         if self.sh([self.py, str(HERE / "spec_data.py"), "--target", str(target),
@@ -303,12 +306,17 @@ class Bench:
                     "--aux-layer-ids", *aux, "--out", str(warm / "data")]) != 0:
             raise StepFailed("spec_data.py failed on the warm-up samples")
         t1 = time.monotonic()
-        cmd = self.spec_train_cmd(warm / "data", warm / "ckpt", warm / "export", warm / "train.json", aux,
-                                  ("--max-steps", "6"), target=target)
-        if self.sh(cmd, reserve_s=30, env=self.spec_env()) != 0:
-            raise StepFailed("speculators' warm-up training failed")
-        return {"samples": len(samples), "data_seconds": round(t1 - t0, 1),
-                "cold_train_seconds_6_steps": round(time.monotonic() - t1, 1)}
+        cold = {}
+        for v in self.a.vocabs:  # each draft vocab is its own set of graphs (the head's and the loss's shapes)
+            if v != self.a.vocabs[0]:
+                write_vocab(*build_vocab_mapping(counts, v), warm / "data")
+            t2 = time.monotonic()
+            cmd = self.spec_train_cmd(warm / "data", warm / f"ckpt-{v}", warm / f"export-{v}", warm / f"train-{v}.json",
+                                      aux, ("--max-steps", "6"), target=target, vocab=v)
+            if self.sh(cmd, reserve_s=30, env=self.spec_env()) != 0:
+                raise StepFailed(f"speculators' warm-up training at draft vocab {v} failed")
+            cold[v] = round(time.monotonic() - t2, 1)
+        return {"samples": len(samples), "data_seconds": round(t1 - t0, 1), "cold_train_seconds_6_steps": cold}
 
     # -- the race -----------------------------------------------------------------------
 
@@ -643,7 +651,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-batch", type=int, default=2048, help="stand-in server batch = generate's concurrency")
     a = ap.parse_args(argv)
     a.vocabs = [int(v) for v in (a.draft_vocabs or ("512,1024,2048" if a.tiny else "16384,32768,64000")).split(",")]
-    a.draft_vocab = a.vocabs[0]  # spec_warm's
     if a.train_steps is None:
         a.train_steps = 12 if a.tiny else 1200
     if a.checkpoint_every is None:
