@@ -185,6 +185,9 @@ def batches(stream: torch.Tensor, r: TargetRecipe, gen: torch.Generator, device:
         yield win[:, :-1], win[:, 1:]
 
 
+MICRO_TOKENS = 16384
+
+
 def lm_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     # Chunked-free: hidden -> logits in bf16, cross-entropy in float32.
     h = model.model(input_ids=x).last_hidden_state  # [B, T, H]
@@ -212,9 +215,15 @@ def train_lm(model, stream: torch.Tensor, heldout: torch.Tensor, r: TargetRecipe
         for g in opt.param_groups:
             g["lr"] = lr
         x, y = next(it)
-        with amp:
-            loss = lm_loss(model, x, y)
-        loss.backward()
+        # Micro-batches of <= MICRO_TOKENS: a 64K-token batch's float32 logits over a 64K vocab alone
+        # are 16 GiB, which with their gradient did not fit an 80 GB H100 (the H200 held them).
+        micro = max(1, min(x.shape[0], x.numel() // MICRO_TOKENS))
+        loss = 0.0
+        for xm, ym in zip(x.chunk(micro), y.chunk(micro)):
+            with amp:
+                part = lm_loss(model, xm, ym) * (xm.shape[0] / x.shape[0])
+            part.backward()
+            loss = loss + part.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -246,7 +255,9 @@ def evaluate_loss(model, stream: torch.Tensor, r: TargetRecipe, device: torch.de
     for _ in range(n):
         x, y = next(it)
         with amp:
-            losses.append(float(lm_loss(model, x, y)))
+            micro = max(1, min(x.shape[0], x.numel() // MICRO_TOKENS))
+            losses.append(sum(float(lm_loss(model, xm, ym)) * xm.shape[0] / x.shape[0]
+                              for xm, ym in zip(x.chunk(micro), y.chunk(micro))))
     return sum(losses) / len(losses)
 
 

@@ -77,6 +77,7 @@ class Bench:
         self.warm_status = "not run"
         self.target_over = threading.Event()  # make_target has exited (its untrained copy is there or never will be)
         self._spec_probe: str | None = None
+        self.steps: list[str] = []  # the steps this call runs (run())
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -274,7 +275,7 @@ class Bench:
         so the real run (same target shapes, drafter and draft vocab) finds every graph in the
         inductor cache; the weights do not matter, so ``target`` may be the untrained one. The
         trained drafter is thrown away; the seconds this took are kept as speculators' cold start,
-        per draft vocab (each compiles its own graphs: every vocab of ``--draft-vocabs`` is warmed).
+        per draft vocab (each compiles its own graphs: every vocab whose ``spec_v<V>`` step is asked for).
         """
         from spec_data import write_vocab
 
@@ -307,7 +308,8 @@ class Bench:
             raise StepFailed("spec_data.py failed on the warm-up samples")
         t1 = time.monotonic()
         cold = {}
-        for v in self.a.vocabs:  # each draft vocab is its own set of graphs (the head's and the loss's shapes)
+        warm_vocabs = [v for v in self.a.vocabs if f"spec_v{v}" in self.steps] or self.a.vocabs
+        for v in warm_vocabs:  # each draft vocab is its own set of graphs (the head's and the loss's shapes)
             if v != self.a.vocabs[0]:
                 write_vocab(*build_vocab_mapping(counts, v), warm / "data")
             t2 = time.monotonic()
@@ -511,6 +513,7 @@ class Bench:
         return {"curves": {v: {s: len(p) for s, p in c.items()} for v, c in curves.items()}}
 
     def run(self, steps: list[str]) -> dict:
+        self.steps = steps
         tiny = self.a.tiny
         estimates = {"target": 60 if tiny else 300, "spec_warm": 60 if tiny else 330, "prep": 40 if tiny else 200,
                      "spec_data": 20 if tiny else 60, "curve": 20 if tiny else 60, "plot": 5}
