@@ -414,6 +414,23 @@ class StageOutput(ObjectWriter):
         return LoadedManifest(m, digest_bytes(raw))
 
 
+def unfinished_attempts(store: ObjectStore, run_id: str, stage: str) -> list[str]:
+    """Roots of the stage's attempt folders begun and not (yet) committed, oldest first: where a
+    running, killed or stopped attempt writes (a commit removes its folder's attempt record)."""
+    prefix = stage_prefix(run_id, stage)
+    started = []
+    for key in store.list(prefix):
+        root, _, name = key[len(prefix) + 1:].partition("/")
+        if name != ATTEMPT:
+            continue
+        try:
+            when = json.loads(store.get_bytes(key)).get("started_at", "")
+        except (ValueError, StoreError):  # being rewritten, or just swept by a commit
+            continue
+        started.append((when, root))
+    return [root for _, root in sorted(started)]
+
+
 def _committed_root(store: ObjectStore, run_id: str, stage: str) -> str | None:
     try:
         loaded = read_manifest(store, run_id, stage)
