@@ -191,7 +191,7 @@ def reuse_stages(cfg: PipelineConfig, store: ObjectStore, source: str, selected:
         a = Adoption(name, len(objects), sum(o.size for o in objects), time.monotonic() - t0)
         adopted.append(a)
         echo(f"{name}: adopted from run {source} into run {cfg.run_id} ({a.objects} objects, "
-             f"{a.bytes / 2**20:,.1f} MiB copied in {a.seconds:.1f}s)")
+             f"{a.bytes / 2**20:,.1f} MiB, {a.seconds:.1f}s)")
     return adopted
 
 

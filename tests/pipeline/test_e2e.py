@@ -155,6 +155,17 @@ def assert_the_race_evaluates_as_the_evaluate_stage(config: Path, drafter: Path,
         return [(r["id"], r["verify_steps"], r["mean_acceptance_length"]) for r in report["per_prompt"]]
 
     assert prompts(ours) == prompts(committed)
+    # and exports a train checkpoint exactly as the export stage exports the trained drafter
+    from eagle3.train.checkpoint import run_checkpoints
+
+    objects = LocalStore(store)
+    last = run_checkpoints(objects, run_id)[-1]
+    out = store.parent / "curve-export"
+    load("curve").export_our_checkpoint(objects.local_path(last.prefix),
+                                        json.loads(path_of(objects, run_id, "train", "drafter_config.json").read_text()),
+                                        path_of(objects, run_id, "vocab", "vocab_mapping.safetensors"), out)
+    for name in ("config.json", "model.safetensors", "SERVING.md"):
+        assert (out / name).read_bytes() == (drafter / name).read_bytes(), name
 
 
 def assert_a_bad_setting_is_refused_before_anything_starts(workdir: Path, run_id: str) -> None:
