@@ -321,7 +321,7 @@ class StageOutput(ObjectWriter):
     def __init__(self, store: ObjectStore, run_id: str, stage: str, input_key: str, upstream: dict[str, str],
                  root: str | None = None, config: dict[str, Any] | None = None) -> None:
         if root is None:
-            committed = _committed_root(store, run_id, stage)
+            committed = committed_root(store, run_id, stage)
             root = attempt_root(input_key, committed)
         super().__init__(store, run_id, stage, root)
         self.input_key, self.upstream, self.config = input_key, upstream, config
@@ -431,7 +431,8 @@ def unfinished_attempts(store: ObjectStore, run_id: str, stage: str) -> list[str
     return [root for _, root in sorted(started)]
 
 
-def _committed_root(store: ObjectStore, run_id: str, stage: str) -> str | None:
+def committed_root(store: ObjectStore, run_id: str, stage: str) -> str | None:
+    """The committed output's attempt folder (None: nothing committed, or a manifest that does not parse)."""
     try:
         loaded = read_manifest(store, run_id, stage)
     except ManifestError:

@@ -47,6 +47,7 @@ from eagle3.manifest import (
     StageOutput,
     Verdict,
     attempt_root,
+    committed_root,
     compute_input_key,
     read_manifest,
     remember_verified,
@@ -109,12 +110,8 @@ def adopt(cfg: PipelineConfig, store: ObjectStore, spec: StageSpec, upstream: di
     """Copy a verified stage output of run ``source`` into this run and commit it (module docstring)."""
     assert verdict.manifest is not None
     theirs = verdict.manifest.manifest
-    try:
-        committed = read_manifest(store, cfg.run_id, spec.name)
-    except ManifestError:
-        committed = None
     out = StageOutput(store, cfg.run_id, spec.name, key, {u: v.digest for u, v in upstream.items()},
-                      root=attempt_root(key, committed.manifest.root if committed else None),
+                      root=attempt_root(key, committed_root(store, cfg.run_id, spec.name)),
                       config=stage_config(cfg, spec, store))
     out.begin()  # an adoption (or a run of the stage) killed in this folder: its journal is offered
     wanted = {o.key: o for o in theirs.objects}
@@ -200,11 +197,7 @@ def unfinished_attempt(store: ObjectStore, run_id: str) -> Callable[[str, str], 
     an attempt folder of this input key not yet committed may belong to one."""
 
     def check(stage: str, key: str) -> bool:
-        try:
-            committed = read_manifest(store, run_id, stage)
-        except ManifestError:
-            committed = None
-        root = attempt_root(key, committed.manifest.root if committed else None)
+        root = attempt_root(key, committed_root(store, run_id, stage))
         return store.exists(f"{run_id}/{stage}/{root}/{ATTEMPT}")
 
     return check

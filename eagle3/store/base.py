@@ -196,11 +196,7 @@ class ObjectStore(ABC):
         version a caller checked) before or while it is copied. This default streams the bytes
         through; the local and S3 stores copy without reading them (hard link, CopyObject).
         """
-        before = self.stat(src)
-        if before is None:
-            raise StoreError(f"missing object {self.uri}/{src}")
-        if if_fingerprint is not None and before.fingerprint != if_fingerprint:
-            raise StoreError(f"{self.uri}/{src} changed since it was checked; not copied")
+        before = self.copy_source(src, if_fingerprint)
         with self.reader(src) as r, self.writer(dst) as w:
             while chunk := r.read(CHUNK):
                 w.write(chunk)
@@ -212,6 +208,15 @@ class ObjectStore(ABC):
         if copied is None:
             raise StoreError(f"copying {self.uri}/{src}: {dst} did not appear")
         return Copied(copied, after.fingerprint)
+
+    def copy_source(self, src: str, if_fingerprint: str | None) -> ObjectStat:
+        """The stat of an object about to be copied; StoreError when missing or not at ``if_fingerprint``."""
+        st = self.stat(src)
+        if st is None:
+            raise StoreError(f"missing object {self.uri}/{src}")
+        if if_fingerprint is not None and st.fingerprint != if_fingerprint:
+            raise StoreError(f"{self.uri}/{src} changed since it was checked; not copied")
+        return st
 
     def exists(self, key: str) -> bool:
         return self.size(key) is not None

@@ -319,11 +319,7 @@ class S3Store(ObjectStore):
         """A server-side copy (CopyObject; UploadPartCopy above COPY_MAX): no byte passes through
         here, and each request is conditional on the source's ETag, so a source rewritten while
         it is copied is refused, never half-copied."""
-        st = self.stat(src)
-        if st is None:
-            raise StoreError(f"missing object {self.uri}/{src}")
-        if if_fingerprint is not None and st.fingerprint != if_fingerprint:
-            raise StoreError(f"{self.uri}/{src} changed since it was checked; not copied")
+        st = self.copy_source(src, if_fingerprint)
         source = {"Bucket": self.bucket, "Key": self._k(src)}
         try:
             if st.size <= COPY_MAX:
