@@ -29,6 +29,12 @@ from eagle3.train.settings import TrainSettings
 from eagle3.vocab.settings import VocabSettings
 
 _RUN_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
+RUN_ID_RULE = "must be lowercase letters, digits and '-', at most 42 characters (it becomes a label)"
+
+
+def is_run_id(value: str) -> bool:
+    return bool(_RUN_ID.match(value))
+
 ENV_PREFIX = "EAGLE3_"
 # Explicit overrides (CLI flags) for the PipelineConfig being built; a settings source of
 # their own so they outrank the environment (model_validate would re-read the env).
@@ -88,8 +94,8 @@ class PipelineConfig(BaseSettings):
     @field_validator("run_id")
     @classmethod
     def _run_id(cls, v: str | None) -> str | None:
-        if v is not None and not _RUN_ID.match(v):
-            raise ValueError("must be lowercase letters, digits and '-', at most 42 characters (it becomes a label)")
+        if v is not None and not is_run_id(v):
+            raise ValueError(RUN_ID_RULE)
         return v
 
     @classmethod

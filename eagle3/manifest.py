@@ -162,6 +162,7 @@ class Verdict:
     problems: list[str] = field(default_factory=list)
     manifest: LoadedManifest | None = None
     rehashed: int = 0  # objects read back because no cheaper digest check applied
+    fingerprints: dict[str, str] = field(default_factory=dict)  # object -> the version whose content checked out
 
     @property
     def reason(self) -> str:
@@ -207,6 +208,7 @@ def verify_stage(
     stats: dict[str, ObjectStat] = store.stat_prefix(m.prefix) if m.objects else {}
     verified = _read_verified(store, run_id, stage, m.root)
     newly_verified: dict[str, str] = {}
+    checked: dict[str, str] = {}
     rehashed = 0
     for o in m.objects:
         key = f"{m.prefix}/{o.key}"
@@ -218,6 +220,7 @@ def verify_stage(
             problems.append(f"truncated or altered object {store.uri}/{key}: {st.size} bytes, manifest says {o.size}")
             continue
         untouched = st.fingerprint in (o.fingerprint, verified.get(o.key))
+        checked[o.key] = st.fingerprint
         if not deep and untouched and o.size > SMALL_OBJECT:
             continue
         rehashed += 1
@@ -226,16 +229,20 @@ def verify_stage(
         elif not untouched and o.size > SMALL_OBJECT:
             newly_verified[o.key] = st.fingerprint
     if newly_verified and not problems:
-        _write_verified(store, run_id, stage, m.root, {**verified, **newly_verified})
+        remember_verified(store, run_id, stage, m.root, newly_verified, verified)
     if deep and not problems and content_check is not None:
         problems.extend(content_check(store, m))
-    return Verdict(stage, not problems, problems, loaded, rehashed)
+    return Verdict(stage, not problems, problems, loaded, rehashed, checked if not problems else {})
 
 
-def _write_verified(store: ObjectStore, run_id: str, stage: str, root: str, objects: dict[str, str]) -> None:
-    """Remember fingerprints whose bytes were re-hashed and found intact (e.g. after the store
-    was copied: new inodes), so the next skip is cheap again. A cache: losing it costs a re-read."""
-    body = json.dumps({"root": root, "objects": objects}, sort_keys=True).encode()
+def remember_verified(store: ObjectStore, run_id: str, stage: str, root: str, objects: dict[str, str],
+                      known: dict[str, str] | None = None) -> None:
+    """Remember fingerprints of objects whose bytes are known intact at that version (re-hashed
+    after the store was copied: new inodes; or hard-linked by another run's adoption: a new
+    ctime), so the next skip is cheap again. A cache: losing it costs a re-read."""
+    if known is None:
+        known = _read_verified(store, run_id, stage, root)
+    body = json.dumps({"root": root, "objects": {**known, **objects}}, sort_keys=True).encode()
     store.put_bytes(f"{stage_prefix(run_id, stage)}/{VERIFIED}", body)
 
 
@@ -256,10 +263,14 @@ class ObjectWriter:
     def _k(self, name: str) -> str:
         return self.store.join(self.prefix, name)
 
-    @contextmanager
-    def writer(self, name: str, journal: bool = True) -> Iterator[HashingWriter]:
+    @staticmethod
+    def _check_name(name: str) -> None:
         if name in (MANIFEST, ATTEMPT, VERIFIED) or name.startswith(JOURNAL + "/"):
             raise ManifestError(f"stage output name {name!r} is reserved")
+
+    @contextmanager
+    def writer(self, name: str, journal: bool = True) -> Iterator[HashingWriter]:
+        self._check_name(name)
         with self.store.writer(self._k(name)) as w:
             yield w
         info = w.info  # type: ignore[attr-defined]
@@ -282,6 +293,21 @@ class ObjectWriter:
                 w.write(chunk)
         return self.entries[name]
 
+    def copy_in(self, name: str, src_key: str, verified: ObjectEntry, at: str | None) -> str:
+        """Another stage output's object as this attempt's ``name``, copied by the store (a hard
+        link on disk, a server-side copy on S3) only if it is still at fingerprint ``at``, the
+        version whose content the caller verified against ``verified`` (its size and sha256,
+        which this entry takes). Returns the source's fingerprint after the copy."""
+        self._check_name(name)
+        copied = self.store.copy(src_key, self._k(name), if_fingerprint=at)
+        if copied.stat.size != verified.size:
+            self.store.delete(self._k(name))
+            raise ManifestError(f"{src_key}: {copied.stat.size} bytes, its manifest says {verified.size}")
+        entry = ObjectEntry(key=name, size=verified.size, sha256=verified.sha256, fingerprint=copied.stat.fingerprint)
+        self.entries[name] = entry
+        self.store.put_bytes(self._k(f"{JOURNAL}/{name}.json"), entry.model_dump_json().encode())
+        return copied.source_fingerprint
+
 
 class StageOutput(ObjectWriter):
     """Writes one stage attempt's objects beside the committed output and commits them with the
@@ -295,7 +321,7 @@ class StageOutput(ObjectWriter):
     def __init__(self, store: ObjectStore, run_id: str, stage: str, input_key: str, upstream: dict[str, str],
                  root: str | None = None, config: dict[str, Any] | None = None) -> None:
         if root is None:
-            committed = _committed_root(store, run_id, stage)
+            committed = committed_root(store, run_id, stage)
             root = attempt_root(input_key, committed)
         super().__init__(store, run_id, stage, root)
         self.input_key, self.upstream, self.config = input_key, upstream, config
@@ -388,7 +414,25 @@ class StageOutput(ObjectWriter):
         return LoadedManifest(m, digest_bytes(raw))
 
 
-def _committed_root(store: ObjectStore, run_id: str, stage: str) -> str | None:
+def unfinished_attempts(store: ObjectStore, run_id: str, stage: str) -> list[str]:
+    """Roots of the stage's attempt folders begun and not (yet) committed, oldest first: where a
+    running, killed or stopped attempt writes (a commit removes its folder's attempt record)."""
+    prefix = stage_prefix(run_id, stage)
+    started = []
+    for key in store.list(prefix):
+        root, _, name = key[len(prefix) + 1:].partition("/")
+        if name != ATTEMPT:
+            continue
+        try:
+            when = json.loads(store.get_bytes(key)).get("started_at", "")
+        except (ValueError, StoreError):  # being rewritten, or just swept by a commit
+            continue
+        started.append((when, root))
+    return [root for _, root in sorted(started)]
+
+
+def committed_root(store: ObjectStore, run_id: str, stage: str) -> str | None:
+    """The committed output's attempt folder (None: nothing committed, or a manifest that does not parse)."""
     try:
         loaded = read_manifest(store, run_id, stage)
     except ManifestError:

@@ -1,12 +1,13 @@
 """Acceptance against optimizer steps: keep both trainers' checkpoints, export them, one evaluator.
 
-Both trainers keep only their newest checkpoints (ours ``checkpoints/step-NNNNNNN/`` in the
-train stage's attempt folder, KEEP of them; speculators one ``<save>/<epoch>/`` it overwrites),
-so a :class:`Snapshots` thread copies each complete one aside while training runs. After
-training, every snapshot becomes an export directory (ours through the export stage's own
-``export_tensors`` / ``build_vllm_config``, theirs through spec_train.export_ours) and goes
-through :func:`evaluate_export`: the evaluate stage's HF decoder and report on the same
-held-out prompts, so every point of every curve comes from one evaluator.
+Both trainers keep only their newest checkpoints (ours KEEP of them in the train stage's attempt
+folder, listed by ``eagle3.train.checkpoint.run_checkpoints``; speculators one ``<save>/<epoch>/``
+it overwrites), so a :class:`Snapshots` thread copies each complete one aside while training
+runs. After training, every snapshot becomes an export directory (ours through the export
+stage's own writer, ``eagle3.export.directory.write_export``; theirs through
+spec_train.export_ours) and goes through :func:`evaluate_export`: the evaluate stage's HF
+decoder and report on the same held-out prompts, so every point of every curve comes from one
+evaluator.
 """
 
 from __future__ import annotations
@@ -14,21 +15,23 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Self
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-MODEL = "model.safetensors"
+from eagle3.drafter.model import DrafterConfig
+from eagle3.export.directory import CONFIG, MODEL, write_export
+from eagle3.store import ObjectStore
+from eagle3.train.checkpoint import drafter_weights, run_checkpoints
+from eagle3.vocab.mapping import load_vocab_mapping
 
 
-def our_checkpoints(store: Path, run: str) -> list[tuple[int, Path]]:
-    """Complete checkpoints of run/train in any attempt folder (state.json is written last)."""
-    out = []
-    for state in (store / run / "train").glob("attempt-*/checkpoints/step-*/state.json"):
-        out.append((int(state.parent.name.removeprefix("step-")), state.parent))
-    return sorted(out)
+def our_checkpoints(store: ObjectStore, run: str) -> list[tuple[int, Path]]:
+    """Complete checkpoints of the run's train stage (file:// store: their folders in place)."""
+    return [(c.step, store.local_path(c.prefix)) for c in run_checkpoints(store, run)]
 
 
 def spec_checkpoints(save: Path) -> list[tuple[int, Path]]:
@@ -54,11 +57,11 @@ class Snapshots:
         self._thread = threading.Thread(target=self._run, daemon=True)
         dest.mkdir(parents=True, exist_ok=True)
 
-    def __enter__(self) -> "Snapshots":
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         self.poll()
@@ -88,23 +91,10 @@ def snapshot_steps(dest: Path) -> list[tuple[int, Path]]:
 
 
 def export_our_checkpoint(snapshot: Path, drafter_config: dict, vocab_mapping: Path, out: Path) -> Path:
-    """One of our train checkpoints as an export directory, exactly as the export stage writes it."""
-    from eagle3.drafter.adapter import EXPORT_KEYS, check_weights
-    from eagle3.drafter.model import DrafterConfig
-    from eagle3.export.stage import CONFIG, export_tensors
-    from eagle3.export.vllm_config import build_vllm_config
-    from eagle3.vocab.mapping import load_vocab_mapping
-
-    dcfg = DrafterConfig.from_dict(drafter_config)
-    raw = load_file(str(snapshot / MODEL))
-    weights = {k.removeprefix("drafter."): v for k, v in raw.items() if k.removeprefix("drafter.") in EXPORT_KEYS}
-    problems = check_weights(dcfg, {k: tuple(v.shape) for k, v in weights.items()}, str(snapshot))
-    if problems:
-        raise ValueError(problems[0])
+    """One of our train checkpoints as an export directory, by the export stage's own writer."""
     d2t, t2d = load_vocab_mapping(vocab_mapping)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(export_tensors(weights, d2t, t2d), str(out / MODEL), metadata={"format": "pt"})
-    (out / CONFIG).write_text(json.dumps(build_vllm_config(dcfg, dcfg.aux_layer_ids), indent=2) + "\n")
+    weights = drafter_weights(load_file(str(snapshot / MODEL)))
+    write_export(out, DrafterConfig.from_dict(drafter_config), weights, d2t, t2d)
     return out
 
 
@@ -112,7 +102,6 @@ def evaluate_export(config: Path, export_dir: Path) -> dict[str, Any]:
     """The evaluate stage's hf report for an export directory, on the config's held-out prompts."""
     from eagle3.config import load_config
     from eagle3.evaluate.stage import decode_prompts, held_out_prompt_ids, hf_report
-    from eagle3.export.stage import CONFIG
 
     cfg = load_config(config)
     held, prompts = held_out_prompt_ids(cfg)

@@ -32,7 +32,7 @@
 #   Not in these 30 min: draft vocab 64000 (= target vocab, no mapping): one more call,
 #   `quality 560 ours_v64000,spec_v64000,curve,plot` (~290 s training + its curve points).
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M
-#   tokens); the other vocabs' runs hard-link ours, no third copy.
+#   tokens); the other vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
 # Missing Python packages travel as wheels in .whl/ (made here by fetch_wheels.sh; carry: [".whl"]) and go to /tmp/site.
 set -o pipefail

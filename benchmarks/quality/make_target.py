@@ -122,19 +122,10 @@ def read_budget(files: list[Path], budget: int, seed: int) -> list[str]:
 
 
 def train_tokenizer(texts: list[str], vocab_size: int, max_len: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from eagle3.targets.tiny import train_bpe
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS, SEP],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
-                                   model_max_length=8192)
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return train_bpe(texts, vocab_size, [PAD, BOS, EOS, SEP], bos=BOS, eos=EOS, pad=PAD, chat_template=CHAT_TEMPLATE,
+                     model_max_length=max_len)
 
 
 def split_at_line_end(text: str, rng: random.Random) -> tuple[str, str]:

@@ -10,7 +10,7 @@ steps; a training cut by the deadline resumes from its newest checkpoint on the 
    vocab, extract, through ``eagle3ctl run pipeline``.
 3. ``spec_data``  the same samples and hidden states in speculators' format (spec_data.py).
 4. per draft vocab V (``--draft-vocabs``), in order: ``ours_vV`` = run ``q-vV``'s train stage
-   (generate + extract hard-linked from the first run and re-keyed: only vocab and train run),
+   (generate + extract adopted from the first run by ``--reuse-from``: only vocab and train run),
    ``spec_vV`` = speculators on the same samples, vocab mapping, steps and tokens per step
    (spec_train.py). Both for ``--train-steps`` optimizer steps; every checkpoint is copied aside
    while they train (curve.Snapshots).
@@ -334,12 +334,14 @@ class Bench:
         return {st: self.committed(self.run_id(first), st) for st in ("generate", "vocab", "extract")}
 
     def ensure_run(self, vocab: int) -> str:
-        """Run q-vV up to its vocab stage: generate + extract of the first run re-keyed into it."""
+        """Run q-vV up to its vocab and extract stages: its own vocab; the first run's generate and extract
+        adopted (``eagle3ctl run pipeline --reuse-from``: copied as hard links, verified, committed as its own)."""
         run, first = self.run_id(vocab), self.run_id(self.a.vocabs[0])
-        if run != first and not self.committed(run, "extract"):
-            clone_stages(self.store, first, run, ("generate", "extract"), self.config(vocab))
-        if self.pipeline(vocab, "vocab") != 0:
-            raise StepFailed(f"{run} vocab failed")
+        reuse = ("--reuse-from", first) if run != first else ()
+        for until in ("vocab", "extract") if reuse else ("vocab",):  # siblings: --until one leaves the other out
+            cmd = [self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(self.config(vocab)), "--until", until]
+            if self.sh([*cmd, *reuse], reserve_s=15) != 0:
+                raise StepFailed(f"{run} {until} failed")
         return run
 
     def aux_ids(self) -> list[str]:
@@ -369,7 +371,8 @@ class Bench:
 
         run = self.ensure_run(vocab)
         snaps = self.snapshots("ours", vocab)
-        with Snapshots(lambda: our_checkpoints(self.store, run), snaps):
+        objects = self.objects()
+        with Snapshots(lambda: our_checkpoints(objects, run), snaps):
             rc = self.pipeline(vocab, "train")
         if rc != 0:
             raise StepFailed(f"{run} train stopped (exit {rc}); its checkpoint resumes it on the next call")
@@ -582,45 +585,6 @@ class Bench:
 
 class StepFailed(Exception):
     pass
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    """Large objects are hard-linked (no second copy of the hidden states; same inode, so the store's
-    fingerprint still matches and no re-hash); small files, the manifest among them, are copied."""
-    if os.path.getsize(src) > 1 << 20:
-        os.link(src, dst)
-    else:
-        shutil.copy2(src, dst)
-
-
-def clone_stages(store: Path, src: str, dst: str, stages: tuple[str, ...], config: Path) -> None:
-    """Committed stages of run ``src`` (in pipeline order) as run ``dst``'s, so that its pipeline skips
-    them: each manifest names the new run, the digests of its cloned upstream manifests and the input
-    key ``config`` gives with them; the attempt folder keeps its name (the manifest's ``root``).
-    Built beside its place and moved in last, so a kill leaves no clone or a whole one."""
-    from eagle3.config import load_config
-    from eagle3.context import stage_input_key
-    from eagle3.manifest import Manifest, read_manifest
-    from eagle3.stages import get_stage
-    from eagle3.store import open_store
-
-    cfg = load_config(config)
-    objects = open_store(f"file://{store}")
-    for stage in stages:
-        s, d, tmp = store / src / stage, store / dst / stage, store / dst / f".{stage}.cloning"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(s, tmp, copy_function=_link_or_copy)
-        spec = get_stage(stage)
-        upstream = {up: read_manifest(objects, dst, up) for up in spec.needs}
-        if any(v is None for v in upstream.values()):
-            raise StepFailed(f"clone {dst}/{stage}: an upstream stage is not cloned first")
-        m = Manifest.model_validate_json((tmp / "manifest.json").read_bytes())
-        m.run_id = dst
-        m.upstream = {k: v.digest for k, v in upstream.items()}
-        m.input_key = stage_input_key(cfg, spec, upstream, objects)
-        (tmp / "manifest.json").write_bytes(m.model_dump_json(indent=2).encode() + b"\n")
-        shutil.rmtree(d, ignore_errors=True)
-        tmp.rename(d)
 
 
 def main(argv: list[str] | None = None) -> int:

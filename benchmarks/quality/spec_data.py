@@ -6,8 +6,9 @@ speculators (0.9) trains from ``<data>/``: a ``datasets`` dataset saved with
 per sample (``hidden_states`` [T, 4, H]: the three aux layers then the last decoder
 layer's output *before* the final norm, as vLLM's hidden-state connector writes them;
 ``token_ids`` [T]). Its generator needs vLLM, which the benchmark machine lacks, so this
-script computes the same four tensors with the HF target (forward hooks on the inputs of
-the aux decoder layers and of the final norm) on exactly our tokenized samples. The
+script computes the same four tensors with the HF target through the extract stage's own
+capture (hooks on the inputs of the aux decoder layers and of the final norm) on exactly our
+tokenized samples. The
 draft vocab is ours too (``d2t-<N>.npy`` / ``t2d-<N>.npy``), so both systems train the
 same drafter shape on the same tokens.
 """
@@ -25,63 +26,30 @@ import torch
 from safetensors.torch import save_file
 
 
-def capture_hooks(model, aux_ids: list[int]) -> tuple[dict, list]:
-    """Forward pre-hooks storing the input of each aux decoder layer and of the final norm."""
-    store: dict[str, torch.Tensor] = {}
-    handles = []
-
-    def grab(name):
-        def hook(_mod, args, kwargs):
-            store[name] = args[0] if args else kwargs["hidden_states"]
-
-        return hook
-
-    layers = model.model.layers
-    for k in aux_ids:
-        handles.append(layers[k].register_forward_pre_hook(grab(f"aux{k}"), with_kwargs=True))
-    handles.append(model.model.norm.register_forward_pre_hook(grab("last"), with_kwargs=True))
-    return store, handles
-
-
 @torch.no_grad()
 def write_hidden_states(model, samples, aux_ids: list[int], out_dir: Path, device: torch.device,
                         batch_tokens: int = 65536) -> dict:
-    """hs_<i>.safetensors for every sample i; batches of similar length, right-padded."""
+    """hs_<i>.safetensors for every sample i, through the extract stage's own capture (hooks on the
+    decoder stack, batches of similar length, right-padded), keeping the final norm's input."""
+    from eagle3.extract.batching import plan_batches, right_pad
+    from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+    from eagle3.targets.load import num_layers
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    store, handles = capture_hooks(model, aux_ids)
     lengths = samples.lengths().tolist()
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     t0, tokens, written = time.monotonic(), 0, 0
-    try:
-        i = 0
-        while i < len(order):
-            width = lengths[order[i]]
-            batch = []
-            while i < len(order) and (len(batch) + 1) * max(width, lengths[order[i]]) <= batch_tokens:
-                width = max(width, lengths[order[i]])
-                batch.append(order[i])
-                i += 1
-            if not batch:  # one sample longer than batch_tokens
-                batch, width = [order[i]], lengths[order[i]]
-                i += 1
-            ids = torch.zeros(len(batch), width, dtype=torch.long)
-            mask = torch.zeros(len(batch), width, dtype=torch.long)
-            for r, s in enumerate(batch):
-                x, _ = samples.sample(s)
-                ids[r, : len(x)] = x.long()
-                mask[r, : len(x)] = 1
-            model.model(input_ids=ids.to(device), attention_mask=mask.to(device))
-            stacked = torch.stack([store[f"aux{k}"] for k in aux_ids] + [store["last"]], dim=2)  # [B, W, 4, H]
-            stacked = stacked.to(torch.bfloat16).cpu()
+    stack = find_decoder_stack(model, num_layers(model.config))
+    with HiddenCapture(stack, aux_ids, final_normed=False) as capture:
+        for batch in plan_batches(lengths, batch_tokens):
+            ids, _ = right_pad([samples.sample(s)[0] for s in batch])
+            aux, last = capture.run_stack(ids.to(device))
+            stacked = torch.stack([*aux, last], dim=2).to(torch.bfloat16).cpu()  # [B, W, 4, H]
             for r, s in enumerate(batch):
                 n = lengths[s]
                 save_file({"hidden_states": stacked[r, :n].contiguous(), "token_ids": ids[r, :n].clone()},
                           str(out_dir / f"hs_{s}.safetensors"))
                 tokens += n
                 written += 1
-    finally:
-        for h in handles:
-            h.remove()
     if device.type == "cuda":
         torch.cuda.synchronize()
     dt = time.monotonic() - t0

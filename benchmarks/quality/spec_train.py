@@ -108,43 +108,38 @@ def latest_checkpoint(save: Path) -> Path:
 
 
 def export_ours(ckpt: Path, target: str, aux_ids: list[int], out: Path) -> dict:
-    """speculators checkpoint -> our export dir (explicit key list, shape-checked)."""
+    """speculators checkpoint -> our export dir, by the export stage's own writer (explicit key list, shape-checked)."""
     from safetensors import safe_open
-    from safetensors.torch import save_file
     from transformers import AutoConfig
 
-    from eagle3.drafter.adapter import EXPORT_KEYS, check_weights
+    from eagle3.drafter.adapter import EXPORT_KEYS, midlayer_key
     from eagle3.drafter.model import DrafterConfig
-    from eagle3.export.stage import export_tensors
-    from eagle3.export.vllm_config import build_vllm_config
+    from eagle3.errors import StageError
+    from eagle3.export.directory import write_export
 
     with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
-        raw = {k: f.get_tensor(k) for k in f.keys()}
-    spec_cfg = json.loads((ckpt / "config.json").read_text())
-    layer = spec_cfg["transformer_layer_config"]
+        weights = {midlayer_key(k): f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (a safetensors handle)
+    layer = json.loads((ckpt / "config.json").read_text())["transformer_layer_config"]
     tcfg = AutoConfig.from_pretrained(target)
-    if "d2t" not in raw:  # draft vocab = target vocab: speculators keeps no mapping; ours is the identity
-        raw["d2t"] = torch.zeros(tcfg.vocab_size, dtype=torch.int64)  # offsets: draft id i is target id i
-        raw["t2d"] = torch.ones(tcfg.vocab_size, dtype=torch.bool)
-    weights = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in raw.items()}
+    d2t, t2d = weights.pop("d2t", None), weights.pop("t2d", None)
+    if d2t is None:  # draft vocab = target vocab: speculators keeps no mapping; ours is the identity
+        d2t = torch.zeros(tcfg.vocab_size, dtype=torch.int64)  # offsets: draft id i is target id i
+        t2d = torch.ones(tcfg.vocab_size, dtype=torch.bool)
     dcfg = DrafterConfig(
         hidden_size=layer["hidden_size"], target_hidden_size=tcfg.hidden_size,
         intermediate_size=layer["intermediate_size"], num_attention_heads=layer["num_attention_heads"],
         num_key_value_heads=layer["num_key_value_heads"],
         head_dim=layer.get("head_dim") or layer["hidden_size"] // layer["num_attention_heads"],
-        vocab_size=tcfg.vocab_size, draft_vocab_size=int(raw["d2t"].numel()),
+        vocab_size=tcfg.vocab_size, draft_vocab_size=int(d2t.numel()),
         rms_norm_eps=layer["rms_norm_eps"],
         rope_theta=float((layer.get("rope_parameters") or {}).get("rope_theta", layer.get("rope_theta", 10000.0))),
         max_position_embeddings=layer["max_position_embeddings"], aux_layer_ids=list(aux_ids),
     )
-    problems = check_weights(dcfg, {k: tuple(v.shape) for k, v in weights.items()}, str(ckpt))
-    if problems:
-        raise SystemExit(f"cannot convert the speculators checkpoint: {problems[0]}")
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(export_tensors({k: weights[k] for k in EXPORT_KEYS}, raw["d2t"], raw["t2d"]),
-              str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(build_vllm_config(dcfg, list(aux_ids)), indent=2) + "\n")
-    return {"checkpoint": str(ckpt), "ignored_tensors": sorted(set(weights) - set(EXPORT_KEYS) - {"d2t", "t2d"})}
+    try:
+        write_export(out, dcfg, weights, d2t, t2d)
+    except StageError as e:
+        raise SystemExit(f"cannot convert the speculators checkpoint {ckpt}: {e}") from None
+    return {"checkpoint": str(ckpt), "ignored_tensors": sorted(set(weights) - set(EXPORT_KEYS))}
 
 
 def main(argv: list[str] | None = None) -> int:

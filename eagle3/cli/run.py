@@ -9,6 +9,7 @@ import typer
 
 from eagle3.cli.common import BackendOpt, ConfigOpt, RunIdOpt, StoreOpt, config_from, one_line_errors
 
+ReuseOpt = Annotated[Optional[str], typer.Option("--reuse-from", metavar="RUN", help="Adopt the stages of run RUN (same store) whose config, code and inputs are this run's, instead of running them: their objects are copied (hard links on disk, server-side copies on S3) and verified first.")]
 CancelOpt = Annotated[bool, typer.Option("--cancel", help="Kubernetes: Ctrl-C deletes the running Jobs (default: they run on, and the next run attaches to them).")]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run the pipeline, or one stage, on the configured backend.")
@@ -51,6 +52,7 @@ def pipeline(
     start: Annotated[Optional[str], typer.Option("--from", help="Run this stage and the stages after it only.")] = None,
     until: Annotated[Optional[str], typer.Option("--until", help="Run this stage and the stages before it only.")] = None,
     force: Annotated[Optional[list[str]], typer.Option("--force", help="Rerun this stage (and so its dependents) even if complete.")] = None,
+    reuse_from: ReuseOpt = None,
     cancel: CancelOpt = False,
 ) -> None:
     """Run every stage in DAG order; stages complete for the same input key are skipped, partial ones resume."""
@@ -59,7 +61,8 @@ def pipeline(
 
     cfg = _cancel(config_from(config, run_id, store, backend), cancel)
     _announce(config, cfg)
-    _finish(run_pipeline(cfg, Selection(start=start, until=until, force=tuple(force or ())), typer.echo))
+    _finish(run_pipeline(cfg, Selection(start=start, until=until, force=tuple(force or ())), typer.echo,
+                         reuse_from=reuse_from))
 
 
 @app.command("stage")
@@ -71,6 +74,7 @@ def stage(
     store: StoreOpt = None,
     backend: BackendOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Rerun even if complete.")] = False,
+    reuse_from: ReuseOpt = None,
     cancel: CancelOpt = False,
 ) -> None:
     """Run one stage on the backend (its upstream stages must be complete); starts the server for generate."""
@@ -79,7 +83,8 @@ def stage(
 
     cfg = _cancel(config_from(config, run_id, store, backend), cancel)
     _announce(config, cfg)
-    _finish(run_pipeline(cfg, Selection(only=(name,), force=(name,) if force else ()), typer.echo))
+    _finish(run_pipeline(cfg, Selection(only=(name,), force=(name,) if force else ()), typer.echo,
+                         reuse_from=reuse_from))
 
 
 __all__ = ["app", "Path"]

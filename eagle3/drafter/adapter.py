@@ -78,8 +78,8 @@ def save_drafter_state(state: dict[str, Tensor], cfg: DrafterConfig, out_dir: Pa
     return out_dir / WEIGHTS, out_dir / CONFIG
 
 
-def _strip_layer_prefix(key: str) -> str:
-    # Export dirs may name the decoder layer `layers.0.` (vLLM accepts both).
+def midlayer_key(key: str) -> str:
+    """Our name of a drafter tensor named ``layers.0.*`` (vLLM accepts both; speculators writes it)."""
     return "midlayer." + key[len("layers.0."):] if key.startswith("layers.0.") else key
 
 
@@ -101,7 +101,7 @@ def load_drafter(path: Path | str, embed_weight: Tensor, cfg: DrafterConfig | No
     if not weights.exists():
         raise StageError(f"drafter weights not found: {weights}")
     with safe_open(str(weights), framework="pt") as f:
-        tensors = {_strip_layer_prefix(k): f.get_tensor(k) for k in f.keys()}
+        tensors = {midlayer_key(k): f.get_tensor(k) for k in f.keys()}
     problems = check_weights(cfg, {k: tuple(v.shape) for k, v in tensors.items()}, str(weights))
     if tuple(embed_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
         problems.append(f"target embedding has shape {tuple(embed_weight.shape)}, drafter expects {(cfg.vocab_size, cfg.hidden_size)}")

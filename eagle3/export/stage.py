@@ -3,10 +3,12 @@
 ``config.json`` (see :mod:`eagle3.export.vllm_config`) + ``model.safetensors`` holding
 the drafter under the names vLLM's ``llama_eagle3.py`` maps (``fc.weight``,
 ``midlayer.*`` -> ``layers.0.*``, ``norm.weight``, ``lm_head.weight``), ``d2t`` (loaded as
-``draft_id_to_target_id``) and ``t2d`` (skipped by vLLM, kept for SGLang and tools).
+``draft_id_to_target_id``) and ``t2d`` (skipped by vLLM, kept for SGLang and tools), written
+by :func:`eagle3.export.directory.write_export`.
 No ``embed_tokens``: both engines share the target's embedding when it is absent.
 The aux ids come from extract's index (what the drafter was trained on) and must agree
-with the drafter config.
+with the drafter config; the drafter's position limit must not cut drafting short of the
+target's (checked here: it needs the target's config).
 """
 
 from __future__ import annotations
@@ -15,57 +17,22 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from eagle3.context import StageContext
 from eagle3.drafter.adapter import CONFIG as DRAFTER_CONFIG
-from eagle3.drafter.adapter import EXPORT_KEYS, WEIGHTS as DRAFTER_WEIGHTS, check_weights, expected_shapes
+from eagle3.drafter.adapter import WEIGHTS as DRAFTER_WEIGHTS, check_weights, expected_shapes
 from eagle3.drafter.model import DrafterConfig
 from eagle3.errors import ConfigError, StageError
-from eagle3.export.vllm_config import ARCHITECTURE, build_vllm_config, position_limit_problem, target_max_positions
+from eagle3.export.directory import CONFIG, FILES, MODEL, export_problems, write_export
+from eagle3.export.vllm_config import ARCHITECTURE, position_limit_problem, target_max_positions
 from eagle3.extract.shards import INDEX
 from eagle3.manifest import Manifest, committed_key
 from eagle3.store import ObjectStore, local_copy
 from eagle3.targets.aux_layers import to_sglang
-from eagle3.vocab.mapping import load_vocab_mapping, validate_vocab_mapping
+from eagle3.vocab.mapping import load_vocab_mapping
 
-CONFIG = "config.json"
-MODEL = "model.safetensors"
 VOCAB_MAPPING = "vocab_mapping.safetensors"
-SERVING = "SERVING.md"
-EXPORT_DTYPE = torch.bfloat16
-
-
-def serving_note(aux_ids: list[int]) -> str:
-    """How to serve this directory; the aux ids in both engines' conventions, computed, not copied."""
-    sglang = to_sglang(aux_ids)
-    return f"""# Serving this EAGLE-3 drafter
-
-Trained on the target's aux hidden states of layers {aux_ids} in vLLM's convention
-(id k = the input of decoder layer k = HF hidden_states[k]).
-
-vLLM reads `eagle_aux_hidden_state_layer_ids` = {aux_ids} from config.json (top level):
-
-    vllm serve TARGET --speculative-config '{{"method": "eagle3", "model": "THIS_DIR", "num_speculative_tokens": 5}}'
-
-SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` = {sglang} and adds 1
-(its ids mean "output of layer i"), which captures the same layers {aux_ids}:
-
-    python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3 \\
-        --speculative-draft-model-path THIS_DIR --speculative-num-steps 5 \\
-        --speculative-eagle-topk 1 --speculative-num-draft-tokens 6
-
-Never copy an id list from one engine's key to the other's: they differ by one on purpose.
-"""
-
-
-def export_tensors(weights: dict[str, torch.Tensor], d2t: torch.Tensor, t2d: torch.Tensor) -> dict[str, torch.Tensor]:
-    out = {k: weights[k].to(EXPORT_DTYPE).contiguous() for k in EXPORT_KEYS}
-    out["d2t"] = d2t.to(torch.int64).contiguous()
-    out["t2d"] = t2d.to(torch.bool).contiguous()
-    return out
 
 
 def check_export(config: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...], str]], aux_ids: list[int] | None) -> list[str]:
@@ -126,15 +93,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
         raise StageError(f"train/{DRAFTER_CONFIG}: {e}") from None
     with safe_open(str(ctx.upstream_path("train", DRAFTER_WEIGHTS)), framework="pt") as f:
         weights = {k: f.get_tensor(k) for k in f.keys()}
-    problems = check_weights(dcfg, {k: tuple(v.shape) for k, v in weights.items()}, f"train/{DRAFTER_WEIGHTS}")
     d2t, t2d = load_vocab_mapping(ctx.upstream_path("vocab", VOCAB_MAPPING))
-    problems += [f"vocab/{VOCAB_MAPPING}: {p}" for p in validate_vocab_mapping(d2t, t2d, dcfg.vocab_size)]
-    if d2t.numel() != dcfg.draft_vocab_size:
-        problems.append(f"vocab mapping has {d2t.numel()} draft tokens, the drafter {dcfg.draft_vocab_size}")
     index = ctx.upstream_json("extract", INDEX)
     aux_ids = [int(i) for i in index["aux_layer_ids"]]
-    if dcfg.aux_layer_ids != aux_ids:
-        problems.append(f"drafter was configured with aux ids {dcfg.aux_layer_ids}, extract captured {aux_ids}")
+    problems = export_problems(dcfg, weights, d2t, t2d, aux_ids, f"train/{DRAFTER_WEIGHTS}", f"vocab/{VOCAB_MAPPING}")
     if dcfg.target_hidden_size != index["hidden_size"]:
         problems.append(f"drafter target_hidden_size {dcfg.target_hidden_size} != extract hidden_size {index['hidden_size']}")
     from eagle3.targets.load import load_target_config
@@ -146,24 +108,11 @@ def run(ctx: StageContext) -> dict[str, Any]:
         problems.append(limit)
     if problems:
         raise StageError(problems[0])
-
-    config = build_vllm_config(dcfg, aux_ids)
-    tensors = export_tensors(weights, d2t, t2d)
-    path = ctx.scratch / MODEL
-    save_file(tensors, str(path), metadata={"format": "pt"})
-    out.put_json(CONFIG, config)
-    out.put_file(MODEL, path)
-    out.put_bytes(SERVING, serving_note(aux_ids).encode())
-    return {
-        "aux_layer_ids": aux_ids,
-        "sglang_aux_layer_ids": to_sglang(aux_ids),
-        "draft_vocab_size": dcfg.draft_vocab_size,
-        "target_vocab_size": dcfg.vocab_size,
-        "max_position_embeddings": dcfg.max_position_embeddings,
-        "target_max_position_embeddings": target_max,
-        "parameters": sum(t.numel() for k, t in tensors.items() if k not in ("d2t", "t2d")),
-        "dtype": "bfloat16",
-    }
+    export_dir = ctx.scratch / "export"
+    stats = write_export(export_dir, dcfg, weights, d2t, t2d, aux_ids)
+    for name in FILES:
+        out.put_file(name, export_dir / name)
+    return {**stats, "target_max_position_embeddings": target_max}
 
 
 def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:

@@ -50,10 +50,12 @@ class HiddenCapture:
 
     Use as a context manager; after each forward, :meth:`pop` returns
     (aux list of 3 x [B, T, H], final [B, T, H]) on the devices they were computed on.
+    ``final_normed=False`` records the final norm's input instead: the last decoder layer's
+    output, which is what vLLM's hidden-states connector hands out (speculators' data format).
     """
 
-    def __init__(self, stack: DecoderStack, aux_layer_ids: list[int]) -> None:
-        self.stack, self.aux_layer_ids = stack, list(aux_layer_ids)
+    def __init__(self, stack: DecoderStack, aux_layer_ids: list[int], final_normed: bool = True) -> None:
+        self.stack, self.aux_layer_ids, self.final_normed = stack, list(aux_layer_ids), final_normed
         self._aux: dict[int, torch.Tensor] = {}
         self._final: torch.Tensor | None = None
         self._handles: list[Any] = []
@@ -61,7 +63,10 @@ class HiddenCapture:
     def __enter__(self) -> "HiddenCapture":
         for k in self.aux_layer_ids:
             self._handles.append(self.stack.layers[k].register_forward_pre_hook(self._pre_hook(k), with_kwargs=True))
-        self._handles.append(self.stack.norm.register_forward_hook(self._norm_hook))
+        if self.final_normed:
+            self._handles.append(self.stack.norm.register_forward_hook(self._norm_hook))
+        else:
+            self._handles.append(self.stack.norm.register_forward_pre_hook(self._norm_input_hook, with_kwargs=True))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -78,6 +83,9 @@ class HiddenCapture:
 
     def _norm_hook(self, module: nn.Module, args: tuple, output: Any) -> None:
         self._final = (output[0] if isinstance(output, tuple) else output).detach()
+
+    def _norm_input_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._final = (args[0] if args else kwargs["hidden_states"]).detach()
 
     def pop(self) -> tuple[list[torch.Tensor], torch.Tensor]:
         missing = [k for k in self.aux_layer_ids if k not in self._aux]

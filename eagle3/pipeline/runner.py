@@ -109,8 +109,9 @@ class PipelineRun:
 
 
 def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str], None],
-                 tty: bool | None = None, poll_interval: float = 0.5) -> PipelineRun:
-    """Take the run's lease, stop a killed predecessor's leftovers, check the whole DAG, then schedule."""
+                 tty: bool | None = None, poll_interval: float = 0.5, reuse_from: str | None = None) -> PipelineRun:
+    """Take the run's lease, stop a killed predecessor's leftovers, adopt what run ``reuse_from``
+    already made (``eagle3.pipeline.reuse``), check the whole DAG, then schedule."""
     from eagle3.serve.process import proc_cmdline
 
     selected = selection.stages()
@@ -122,6 +123,12 @@ def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str]
         state = RunState(store, cfg.run_id, run_dir(cfg.run_id))
         backend = open_backend(cfg, state)
         stop_orphans(cfg, backend, state, echo)
+        if reuse_from is not None:
+            from eagle3.pipeline.reuse import reuse_stages, unfinished_attempt
+
+            # local stages never outlive this CLI (stop_orphans); a Kubernetes Job may
+            live = None if cfg.backend == "local" else unfinished_attempt(store, cfg.run_id)
+            reuse_stages(cfg, store, reuse_from, selected, selection.force, echo, live)
         check_run(cfg, stages_to_run(cfg, store, selected, selection.force), echo)
         record_digests(store, cfg)
         start_record(cfg, state)

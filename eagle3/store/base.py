@@ -39,6 +39,15 @@ class ObjectStat:
     fingerprint: str
 
 
+@dataclass(frozen=True)
+class Copied:
+    """What :meth:`ObjectStore.copy` made: the copy's stat, and the source's fingerprint after
+    the copy (a hard link shares the source's inode and moves its ctime, so its fingerprint)."""
+
+    stat: ObjectStat
+    source_fingerprint: str
+
+
 def validate_key(key: str) -> str:
     """Reject keys that could escape the store root or are ambiguous.
 
@@ -179,6 +188,35 @@ class ObjectStore(ABC):
         finally:
             tmp.unlink(missing_ok=True)
         return path
+
+    def copy(self, src: str, dst: str, if_fingerprint: str | None = None) -> Copied:
+        """Copy an object to a new key of the same store; ``dst`` appears whole or not at all.
+
+        Refused (StoreError) when ``src`` is missing, or is no longer at ``if_fingerprint`` (the
+        version a caller checked) before or while it is copied. This default streams the bytes
+        through; the local and S3 stores copy without reading them (hard link, CopyObject).
+        """
+        before = self.copy_source(src, if_fingerprint)
+        with self.reader(src) as r, self.writer(dst) as w:
+            while chunk := r.read(CHUNK):
+                w.write(chunk)
+        after = self.stat(src)
+        if after is None or after.fingerprint != before.fingerprint:
+            self.delete(dst)
+            raise StoreError(f"{self.uri}/{src} changed while it was copied; not copied")
+        copied = self.stat(dst)
+        if copied is None:
+            raise StoreError(f"copying {self.uri}/{src}: {dst} did not appear")
+        return Copied(copied, after.fingerprint)
+
+    def copy_source(self, src: str, if_fingerprint: str | None) -> ObjectStat:
+        """The stat of an object about to be copied; StoreError when missing or not at ``if_fingerprint``."""
+        st = self.stat(src)
+        if st is None:
+            raise StoreError(f"missing object {self.uri}/{src}")
+        if if_fingerprint is not None and st.fingerprint != if_fingerprint:
+            raise StoreError(f"{self.uri}/{src} changed since it was checked; not copied")
+        return st
 
     def exists(self, key: str) -> bool:
         return self.size(key) is not None

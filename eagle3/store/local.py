@@ -7,9 +7,11 @@ object for compare-and-swap; both hold on local disks and on NFSv4.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
+import shutil
 import stat
 import uuid
 from collections.abc import Iterator
@@ -18,7 +20,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from eagle3.errors import StoreError
-from eagle3.store.base import HashingWriter, ObjectInfo, ObjectStat, ObjectStore, validate_key
+from eagle3.store.base import Copied, HashingWriter, ObjectInfo, ObjectStat, ObjectStore, validate_key
+
+# link(2) failures that mean "this filesystem or these folders cannot share the file": copy the bytes
+_NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP)
 
 
 def _hidden(name: str) -> bool:
@@ -125,6 +130,41 @@ class LocalStore(ObjectStore):
 
     def local_path(self, key: str) -> Path | None:
         return self._path(key)
+
+    def copy(self, src: str, dst: str, if_fingerprint: str | None = None) -> Copied:
+        """A hard link where the filesystem allows one (no second copy of the bytes; removing or
+        replacing either name never touches the other), else a byte copy. A link shares the
+        inode, so it moves the source's ctime and with it its fingerprint: ``Copied`` says so."""
+        s, d = self._path(src), self._path(dst)
+        try:
+            before = s.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            raise StoreError(f"missing object {self.uri}/{src}") from None
+        if if_fingerprint is not None and _fingerprint(before) != if_fingerprint:
+            raise StoreError(f"{self.uri}/{src} changed since it was checked; not copied")
+        tmp = self._tmp(d)
+        try:
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(s, tmp)
+            except OSError as e:
+                if e.errno not in _NO_LINK:
+                    raise
+                shutil.copyfile(s, tmp)
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+            after = s.stat()
+            # ctime moves with the link itself; an in-place write would move mtime
+            if (after.st_ino, after.st_mtime_ns, after.st_size) != (before.st_ino, before.st_mtime_ns, before.st_size):
+                raise StoreError(f"{self.uri}/{src} changed while it was copied; not copied")
+            os.replace(tmp, d)
+            tmp.unlink(missing_ok=True)  # still there when d already was this very file (rename does nothing)
+            copied = d.stat()  # after the rename and unlink, which move ctime
+            return Copied(ObjectStat(copied.st_size, _fingerprint(copied)), _fingerprint(s.stat()))
+        except FileNotFoundError:
+            raise StoreError(f"missing object {self.uri}/{src}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def get_file(self, key: str, path: Path) -> Path:
         src = self._path(key)

@@ -20,9 +20,11 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from eagle3.errors import StoreError
-from eagle3.store.base import HashingWriter, ObjectInfo, ObjectStat, ObjectStore, validate_key
+from eagle3.store.base import Copied, HashingWriter, ObjectInfo, ObjectStat, ObjectStore, validate_key
 
 PART_SIZE = 16 << 20  # S3 minimum is 5 MiB; 16 MiB keeps 10,000 parts ≥ 160 GB objects
+COPY_MAX = 5 << 30  # the largest object one CopyObject copies; larger ones are copied part by part
+COPY_PART = 1 << 30  # UploadPartCopy part size (10,000 parts: objects up to ~10 TB)
 MAX_ATTEMPTS = 10  # per call, the first included
 RETRY_MODE = "standard"
 _CUT = ("IncompleteReadError", "ReadTimeoutError", "ProtocolError", "ResponseStreamingError",
@@ -86,6 +88,23 @@ def multipart_etag(part_etags: list[str]) -> str:
     return f'"{hashlib.md5(digests).hexdigest()}-{len(part_etags)}"'
 
 
+def _complete_upload(client: Any, bucket: str, key: str, upload_id: str, parts: list[dict[str, Any]]) -> str:
+    """Complete a multipart upload; its ETag."""
+    want = multipart_etag([p["ETag"] for p in parts])
+    try:
+        return str(client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id,
+                                                    MultipartUpload={"Parts": parts})["ETag"])
+    except Exception as e:
+        # A retry of a completion that had succeeded (its answer lost) finds no upload: the
+        # object is there if it carries the ETag these very parts make.
+        if _code(e) not in ("NoSuchUpload", "404"):
+            raise
+        head = client.head_object(Bucket=bucket, Key=key)
+        if head.get("ETag") != want:
+            raise
+        return want
+
+
 class _MultipartSink:
     """Buffers writes into parts and uploads each as it fills."""
 
@@ -115,20 +134,7 @@ class _MultipartSink:
             return
         if self.buf:
             self._send(bytes(self.buf))
-        want = multipart_etag([p["ETag"] for p in self.parts])
-        try:
-            self.etag = self.client.complete_multipart_upload(
-                Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, MultipartUpload={"Parts": self.parts}
-            )["ETag"]
-        except Exception as e:
-            # A retry of a completion that had succeeded (its answer lost) finds no upload: the
-            # object is there if it carries the ETag these very parts make.
-            if _code(e) not in ("NoSuchUpload", "404"):
-                raise
-            head = self.client.head_object(Bucket=self.bucket, Key=self.key)
-            if head.get("ETag") != want:
-                raise
-            self.etag = want
+        self.etag = _complete_upload(self.client, self.bucket, self.key, self.upload_id, self.parts)
         self.upload_id = None
 
     def abort(self) -> None:
@@ -308,6 +314,50 @@ class S3Store(ObjectStore):
                 err = r["Errors"][0]
                 raise StoreError(f"deleting {self.uri}/{err.get('Key')}: S3 error {err.get('Code')} {err.get('Message', '')}".strip())
         return len(keys)
+
+    def copy(self, src: str, dst: str, if_fingerprint: str | None = None) -> Copied:
+        """A server-side copy (CopyObject; UploadPartCopy above COPY_MAX): no byte passes through
+        here, and each request is conditional on the source's ETag, so a source rewritten while
+        it is copied is refused, never half-copied."""
+        st = self.copy_source(src, if_fingerprint)
+        source = {"Bucket": self.bucket, "Key": self._k(src)}
+        try:
+            if st.size <= COPY_MAX:
+                self.client.copy_object(Bucket=self.bucket, Key=self._k(dst), CopySource=source,
+                                        CopySourceIfMatch=st.fingerprint)
+            else:
+                self._copy_parts(source, dst, st)
+        except Exception as e:  # noqa: BLE001 - botocore's errors become one line below
+            code = _code(e)
+            if code in ("PreconditionFailed", "412"):
+                raise StoreError(f"{self.uri}/{src} changed while it was copied; not copied") from None
+            if code in ("NoSuchKey", "404"):
+                raise StoreError(f"missing object {self.uri}/{src}") from None
+            raise _explain(e, f"copying {self.uri}/{src} to {dst}") from None
+        copied = self.stat(dst)
+        if copied is None or copied.size != st.size:
+            raise StoreError(f"copying {self.uri}/{src}: {dst} holds {copied.size if copied else 'nothing'}, "
+                             f"expected {st.size} bytes")
+        return Copied(copied, st.fingerprint)
+
+    def _copy_parts(self, source: dict[str, str], dst: str, st: ObjectStat) -> None:
+        key = self._k(dst)
+        upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
+        try:
+            parts = []
+            for n, start in enumerate(range(0, st.size, COPY_PART), 1):
+                end = min(start + COPY_PART, st.size) - 1
+                r = self.client.upload_part_copy(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=n,
+                                                 CopySource=source, CopySourceRange=f"bytes={start}-{end}",
+                                                 CopySourceIfMatch=st.fingerprint)
+                parts.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
+            _complete_upload(self.client, self.bucket, key, upload_id, parts)
+        except BaseException:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            except Exception:  # noqa: BLE001, S110 - best effort: a lifecycle rule cleans up what this misses
+                pass
+            raise
 
     def get_bytes(self, key: str) -> bytes:
         buf = io.BytesIO()

@@ -104,8 +104,10 @@ def corpus(num_lines: int = 4000, seed: int = 0) -> list[str]:
     return lines
 
 
-def train_tokenizer(seed: int = 0):
-    """Byte-level BPE trained in-process; returns a ``PreTrainedTokenizerFast``."""
+def train_bpe(texts: list[str], vocab_size: int, special_tokens: list[str], bos: str, eos: str, pad: str,
+              chat_template: str, model_max_length: int, added_tokens: tuple[str, ...] | list[str] = ()):
+    """A byte-level BPE tokenizer trained in-process on ``texts``, as a ``PreTrainedTokenizerFast``
+    with its chat template; ``added_tokens`` are added after training, not special (think tags)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -113,18 +115,25 @@ def train_tokenizer(seed: int = 0):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB,
-        special_tokens=SPECIAL_TOKENS,
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(corpus(seed=seed), trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    tok.train_from_iterator(texts, trainer=trainer)
+    if added_tokens:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=IM_END, pad_token=PAD, model_max_length=MAX_POSITIONS
+        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, model_max_length=model_max_length
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     return fast
+
+
+def train_tokenizer(seed: int = 0):
+    """The tiny targets' tokenizer: byte-level BPE on the built-in corpus, ChatML with think tags."""
+    return train_bpe(corpus(seed=seed), TOKENIZER_VOCAB, SPECIAL_TOKENS, bos=BOS, eos=IM_END, pad=PAD,
+                     chat_template=CHAT_TEMPLATE, model_max_length=MAX_POSITIONS, added_tokens=THINK_TOKENS)
 
 
 def _padded_vocab(n_tokens: int) -> int:

@@ -1,9 +1,10 @@
 """Resumable checkpoints in the stage's store folder: ``checkpoints/step-0000500/`` (step, 7 digits).
 
-Objects: ``model.safetensors`` (trainable weights, float32), ``optim.pt`` (optimizer +
-scheduler), ``rng.pt`` (torch/cuda/python/numpy RNG states of every rank), then
-``state.json`` (step, data position, counters) written LAST: a checkpoint is complete
-exactly when its state.json is journaled. Only the newest ``KEEP`` are kept.
+Objects: ``model.safetensors`` (trainable weights, float32, the drafter's under ``drafter.``),
+``optim.pt`` (optimizer + scheduler), ``rng.pt`` (torch/cuda/python/numpy RNG states of every
+rank), then ``state.json`` (step, data position, counters) written LAST: a checkpoint is
+complete exactly when its state.json is journaled. Only the newest ``KEEP`` are kept.
+:func:`run_checkpoints` lists a run's from outside the stage (while it trains, or after).
 """
 
 from __future__ import annotations
@@ -21,12 +22,21 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
-from eagle3.manifest import StageOutput
+from eagle3.drafter.adapter import EXPORT_KEYS
+from eagle3.errors import ManifestError
+from eagle3.manifest import (
+    StageOutput,
+    attempt_prefix,
+    read_manifest,
+    unfinished_attempts,
+)
 from eagle3.store import ObjectStore
 
 PREFIX = "checkpoints/"
 KEEP = 2
-FILES = ("model.safetensors", "optim.pt", "rng.pt", "state.json")
+MODEL = "model.safetensors"
+FILES = (MODEL, "optim.pt", "rng.pt", "state.json")
+DRAFTER_PREFIX = "drafter."  # the training wrapper's name for the drafter module
 _STEP_DIR = re.compile(r"^checkpoints/step-(\d{7})/")
 
 
@@ -105,3 +115,33 @@ def load_checkpoint(store: ObjectStore, stage_prefix: str, step: int) -> Checkpo
     rng = torch.load(io.BytesIO(store.get_bytes(f"{d}/rng.pt")), weights_only=True)
     state = json.loads(store.get_bytes(f"{d}/state.json"))
     return Checkpoint(step, model, optim, rng, state)
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    step: int
+    prefix: str  # store key of the checkpoint's folder (``<run>/train/<attempt>/checkpoints/step-…``)
+
+
+def run_checkpoints(store: ObjectStore, run_id: str, stage: str = "train") -> list[CheckpointRef]:
+    """A run's complete checkpoints, by step: those of its newest unfinished attempt (a training
+    running, stopped or killed writes there, and resumes from them), else those its committed
+    output lists. Pruning may remove one any moment while training runs."""
+    roots = unfinished_attempts(store, run_id, stage)
+    if roots:
+        prefix = attempt_prefix(run_id, stage, roots[-1])
+        names = [k[len(prefix) + 1:] for k in store.list(f"{prefix}/{PREFIX.rstrip('/')}")]
+    else:
+        try:
+            loaded = read_manifest(store, run_id, stage)
+        except ManifestError:
+            loaded = None
+        if loaded is None:
+            return []
+        prefix, names = loaded.manifest.prefix, loaded.manifest.keys(PREFIX)
+    return [CheckpointRef(s, f"{prefix}/{step_dir(s)}") for s in complete_steps(names)]
+
+
+def drafter_weights(model: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The exportable drafter weights of a checkpoint's ``model.safetensors`` state."""
+    return {k.removeprefix(DRAFTER_PREFIX): v for k, v in model.items() if k.removeprefix(DRAFTER_PREFIX) in EXPORT_KEYS}

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from eagle3.manifest import StageOutput
+from eagle3.store import open_store
+from eagle3.train.checkpoint import FILES, step_dir
 from tests.benchmarks.quality_modules import load
 
 run_quality, curve = load("run_quality"), load("curve")
@@ -22,24 +24,22 @@ def test_steps_interleave_the_vocabs_and_expand_the_side_names():
         run_quality.select_steps("train_ours", [16384])
 
 
-def _checkpoint(root: Path, step: int) -> Path:
-    d = root / f"step-{step:07d}"
-    d.mkdir(parents=True)
-    (d / "model.safetensors").write_bytes(b"w" * step)
-    (d / "state.json").write_text(json.dumps({"step": step}))
-    return d
+def _checkpoint(out: StageOutput, step: int, files=FILES) -> None:
+    for name in files:
+        out.put_bytes(f"{step_dir(step)}/{name}", b"w" * step if name == "model.safetensors" else b'{"step": %d}' % step)
 
 
 def test_snapshots_keep_every_checkpoint_the_trainer_prunes(tmp_path):
-    ckpts = tmp_path / "store" / "q-v512" / "train" / "attempt-0123456789ab" / "checkpoints"
+    store = open_store(f"file://{tmp_path / 'store'}")
+    train = StageOutput(store, "q-v512", "train", "0123456789ab" * 5 + "0123", {})
+    train.begin()  # a training in progress: its checkpoints are in its attempt folder
     dest = tmp_path / "snapshots"
-    snaps = curve.Snapshots(lambda: curve.our_checkpoints(tmp_path / "store", "q-v512"), dest, every_s=3600)
-    _checkpoint(ckpts, 4)
+    snaps = curve.Snapshots(lambda: curve.our_checkpoints(store, "q-v512"), dest, every_s=3600)
+    _checkpoint(train, 4)
     snaps.poll()
-    first = _checkpoint(ckpts, 8)
-    (ckpts / "step-0000004" / "state.json").unlink()  # pruned by the trainer (KEEP newest)
-    (first.parent / "step-0000012").mkdir()  # being written: no state.json yet, not copied
-    (first.parent / "step-0000012" / "model.safetensors").write_bytes(b"partial")
+    _checkpoint(train, 8)
+    train.drop(f"{step_dir(4)}/state.json")  # pruned by the trainer (KEEP newest)
+    _checkpoint(train, 12, files=FILES[:2])  # being written: no state.json yet, not copied
     snaps.poll()
     assert [s for s, _ in curve.snapshot_steps(dest)] == [4, 8]
     assert (dest / "step-0000008" / "model.safetensors").read_bytes() == b"w" * 8
@@ -58,3 +58,44 @@ def test_speculators_checkpoints_are_named_by_their_global_step(tmp_path):
     dry.mkdir()
     (dry / "model.safetensors").write_bytes(b"x")  # --dry-run: the initialized drafter in save/ itself
     assert curve.spec_checkpoints(dry) == [(0, dry)]
+
+
+@pytest.mark.parametrize("draft_vocab", [256, None])  # None: the target's whole vocab, no mapping kept
+def test_a_speculators_checkpoint_exports_as_the_export_stage_writes(tmp_path, tiny_llama_dir, draft_vocab):
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+
+    from eagle3.drafter.adapter import expected_shapes
+    from eagle3.drafter.model import DrafterConfig
+    from eagle3.export.stage import check_export, tensor_meta
+    from eagle3.export.vllm_config import build_vllm_config
+    from eagle3.vocab.mapping import build_vocab_mapping
+
+    vocab, hidden = AutoConfig.from_pretrained(tiny_llama_dir).vocab_size, 64
+    dcfg = DrafterConfig(hidden_size=hidden, target_hidden_size=hidden, intermediate_size=128, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, vocab_size=vocab, draft_vocab_size=draft_vocab or vocab,
+                         rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096, aux_layer_ids=[1, 3, 4])
+    torch.manual_seed(0)
+    ours = {k: torch.randn(shape) for k, shape in expected_shapes(dcfg).items()}
+    theirs = {k.replace("midlayer.", "layers.0."): v for k, v in ours.items()} | {"embed_tokens.weight": torch.zeros(1)}
+    if draft_vocab:
+        d2t, t2d = build_vocab_mapping(torch.arange(vocab, 0, -1), draft_vocab)
+        theirs |= {"d2t": d2t, "t2d": t2d}
+    ckpt = tmp_path / "spec" / "0"
+    ckpt.mkdir(parents=True)
+    save_file(theirs, str(ckpt / "model.safetensors"))
+    layer = {k: getattr(dcfg, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                           "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings")}
+    (ckpt / "config.json").write_text(json.dumps({"transformer_layer_config": {**layer, "rope_theta": 10000.0}}))
+    out = tmp_path / "export"
+    result = load("spec_train").export_ours(ckpt, str(tiny_llama_dir), [1, 3, 4], out)
+    assert result["ignored_tensors"] == ["embed_tokens.weight"]
+    config = json.loads((out / "config.json").read_text())
+    assert config == build_vllm_config(dcfg, [1, 3, 4])
+    assert check_export(config, tensor_meta(out / "model.safetensors"), [1, 3, 4]) == []
+    exported = load_file(str(out / "model.safetensors"))
+    for k, v in ours.items():
+        assert torch.equal(exported[k], v.to(torch.bfloat16)), k
+    if not draft_vocab:
+        assert torch.equal(exported["d2t"], torch.zeros(vocab, dtype=torch.int64)) and bool(exported["t2d"].all())

@@ -26,6 +26,21 @@ def test_hooks_equal_output_hidden_states(tiny_target):
         torch.testing.assert_close(model.get_output_embeddings()(final), logits)
 
 
+def test_the_final_norms_input_on_request(tiny_target):
+    """final_normed=False: the last decoder layer's output, as vLLM's hidden-states connector gives it."""
+    _, model = tiny_target
+    stack = find_decoder_stack(model, model.config.num_hidden_layers)
+    ids = torch.randint(0, 900, (2, 9))
+    with HiddenCapture(stack, [1, 2, 3]) as normed, torch.inference_mode():
+        aux_n, final_n = normed.run_stack(ids)
+    with HiddenCapture(stack, [1, 2, 3], final_normed=False) as raw, torch.inference_mode():
+        aux_r, final_r = raw.run_stack(ids)
+        assert not torch.equal(final_r, final_n)
+        torch.testing.assert_close(stack.norm(final_r), final_n)
+    assert all(torch.equal(a, b) for a, b in zip(aux_r, aux_n))
+    assert not stack.norm._forward_pre_hooks
+
+
 def test_right_padding_does_not_change_real_tokens(tiny_target):
     arch, model = tiny_target
     stack = find_decoder_stack(model, model.config.num_hidden_layers)

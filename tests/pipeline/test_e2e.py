@@ -140,6 +140,7 @@ def test_tiny_pipeline_end_to_end_then_rerun_skips(tmp_path, target_cache, arch)
     if arch == "llama":
         assert_the_race_evaluates_as_the_evaluate_stage(config, drafter, tmp_path / "store", run_id)
         assert_a_bad_setting_is_refused_before_anything_starts(tmp_path, run_id)
+        assert_a_draft_vocab_sweep_reuses_the_data_and_hidden_states(tmp_path, run_id)
 
 
 def assert_the_race_evaluates_as_the_evaluate_stage(config: Path, drafter: Path, store: Path, run_id: str) -> None:
@@ -154,6 +155,17 @@ def assert_the_race_evaluates_as_the_evaluate_stage(config: Path, drafter: Path,
         return [(r["id"], r["verify_steps"], r["mean_acceptance_length"]) for r in report["per_prompt"]]
 
     assert prompts(ours) == prompts(committed)
+    # and exports a train checkpoint exactly as the export stage exports the trained drafter
+    from eagle3.train.checkpoint import run_checkpoints
+
+    objects = LocalStore(store)
+    last = run_checkpoints(objects, run_id)[-1]
+    out = store.parent / "curve-export"
+    load("curve").export_our_checkpoint(objects.local_path(last.prefix),
+                                        json.loads(path_of(objects, run_id, "train", "drafter_config.json").read_text()),
+                                        path_of(objects, run_id, "vocab", "vocab_mapping.safetensors"), out)
+    for name in ("config.json", "model.safetensors", "SERVING.md"):
+        assert (out / name).read_bytes() == (drafter / name).read_bytes(), name
 
 
 def assert_a_bad_setting_is_refused_before_anything_starts(workdir: Path, run_id: str) -> None:
@@ -172,6 +184,25 @@ def assert_a_bad_setting_is_refused_before_anything_starts(workdir: Path, run_id
     assert sorted(p for p in (workdir / "store" / run_id).rglob("*") if p.is_file() and "_run" not in p.parts) == files
     r = eagle3ctl(workdir, "verify", "-c", str(workdir / "pipeline.yaml"), "--deep")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def assert_a_draft_vocab_sweep_reuses_the_data_and_hidden_states(workdir: Path, run_id: str) -> None:
+    """Another run at another draft vocab, --reuse-from the first: generate and extract are adopted
+    (copied, verified), vocab and train run on them for real, and the first run still verifies."""
+    sweep = yaml.safe_load((workdir / "pipeline.yaml").read_text())
+    sweep["run_id"], sweep["vocab"]["draft_vocab_size"] = f"{run_id}-v128", 128
+    (workdir / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    r = eagle3ctl(workdir, "run", "pipeline", "-c", str(workdir / "sweep.yaml"), "--reuse-from", run_id, "--until", "train")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for name in ("generate", "extract"):
+        assert f"{name}: adopted from run {run_id} into run {run_id}-v128 (" in r.stdout
+    assert f"vocab: not reused from run {run_id}: vocab.draft_vocab_size differs" in r.stdout
+    state = recorded(workdir, f"{run_id}-v128")["stages"]
+    assert [state[n]["state"] for n in ("generate", "vocab", "extract", "train")] == ["skipped", "done", "skipped", "done"]
+    stages = [arg for name in ("generate", "vocab", "extract", "train") for arg in ("--stage", name)]
+    for config, named in (("sweep.yaml", stages), ("pipeline.yaml", [])):
+        r = eagle3ctl(workdir, "verify", "-c", str(workdir / config), "--deep", *named)
+        assert r.returncode == 0, r.stdout + r.stderr
 
 
 def wait_until_running(workdir: Path, run_id: str, stage: str, proc: subprocess.Popen, timeout: float = 600) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from pathlib import Path
@@ -105,3 +106,44 @@ def test_unwritable_root_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(StoreError, match="cannot create store folder"):
         LocalStore(tmp_path / "file" / "store")
+
+
+def test_copy_is_a_hard_link_that_outlives_the_source(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s")
+    store.put_bytes("a/obj", b"x" * 1000)
+    before = store.stat("a/obj")
+    copied = store.copy("a/obj", "b/obj", if_fingerprint=before.fingerprint)
+    src, dst = store.local_path("a/obj"), store.local_path("b/obj")
+    assert src.stat().st_ino == dst.stat().st_ino  # no second copy of the bytes
+    # the link moved the shared inode's ctime: the copy and the source report the same new fingerprint
+    assert copied.stat == store.stat("b/obj") and copied.source_fingerprint == store.stat("a/obj").fingerprint
+    assert copied.source_fingerprint != before.fingerprint
+    store.delete("a/obj")
+    assert store.get_bytes("b/obj") == b"x" * 1000
+
+
+def test_copy_falls_back_to_bytes_where_links_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalStore(tmp_path / "s")
+    store.put_bytes("a/obj", b"payload")
+    before = store.stat("a/obj")
+
+    def no_link(src, dst):
+        raise OSError(errno.EXDEV, "cross-device link")
+
+    monkeypatch.setattr(os, "link", no_link)
+    copied = store.copy("a/obj", "b/obj")
+    assert store.get_bytes("b/obj") == b"payload"
+    assert store.local_path("a/obj").stat().st_ino != store.local_path("b/obj").stat().st_ino
+    assert copied.source_fingerprint == before.fingerprint  # the source was not touched
+
+
+def test_copy_refuses_a_changed_or_missing_source(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s")
+    store.put_bytes("a/obj", b"v1")
+    seen = store.stat("a/obj").fingerprint
+    store.put_bytes("a/obj", b"v2")  # rewritten after it was checked
+    with pytest.raises(StoreError, match="changed since it was checked"):
+        store.copy("a/obj", "b/obj", if_fingerprint=seen)
+    with pytest.raises(StoreError, match="missing object"):
+        store.copy("a/none", "b/none")
+    assert store.list("b") == []  # nothing half-made

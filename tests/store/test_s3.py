@@ -154,3 +154,25 @@ def test_rejected_completion_is_a_store_error_and_aborts(
     assert not store.exists("r/s/small-parts")
     uploads = moto_s3.client().list_multipart_uploads(Bucket=moto_s3.bucket, Prefix=_raw_key(s3_store_uri, ""))
     assert uploads.get("Uploads", []) == []
+
+
+def test_copy_is_server_side_and_conditional(s3_store_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store(s3_store_uri)
+    data = os.urandom(13 << 20)
+    store.put_bytes("a/big", data)
+    small = store.put_bytes("a/small", b"tiny")
+    assert store.copy("a/small", "b/small", if_fingerprint=small.fingerprint).stat.size == 4
+    monkeypatch.setattr(s3mod, "COPY_MAX", 6 << 20)  # above it: UploadPartCopy, 5 MiB parts
+    monkeypatch.setattr(s3mod, "COPY_PART", 5 << 20)
+    seen = store.stat("a/big").fingerprint
+    copied = store.copy("a/big", "b/big", if_fingerprint=seen)
+    assert copied.source_fingerprint == seen and copied.stat == store.stat("b/big")
+    assert store.sha256("b/big") == hashlib.sha256(data).hexdigest()
+    store.delete("a/big")
+    assert store.get_bytes("b/big") == data
+    store.put_bytes("a/small", b"changed")
+    with pytest.raises(StoreError, match="changed since it was checked"):
+        store.copy("a/small", "c/small", if_fingerprint=small.fingerprint)
+    with pytest.raises(StoreError, match="missing object"):
+        store.copy("a/none", "c/none")
+    assert store.list("c") == []

@@ -25,6 +25,7 @@ from eagle3.manifest import read_manifest, verify_stage
 from eagle3.store import open_store
 from eagle3.targets.tiny import builtin_target_dir
 from eagle3.train import stage as train_stage
+from eagle3.train.checkpoint import CheckpointRef, drafter_weights, run_checkpoints
 from eagle3.train.loop import StopFlag
 from eagle3.train.metrics import parse_metrics
 from eagle3.config import PipelineConfig, load_config
@@ -81,6 +82,12 @@ def test_train_commits_drafter_metrics_and_last_two_checkpoints(upstream, tmp_pa
     assert any(k.startswith("tensorboard/") for k in keys)
     assert sorted({k.split("/")[1] for k in m.keys("checkpoints/")}) == ["step-0000004", "step-0000006"]
     assert not store.exists(key_of(store, 't', "train", 'checkpoints/step-0000002/state.json'))
+    assert [c.step for c in run_checkpoints(store, "t")] == [4, 6]
+    last = load_file(store.local_path(run_checkpoints(store, "t")[-1].prefix + "/model.safetensors"))
+    final = load_file(store.local_path(key_of(store, 't', "train", 'drafter.safetensors')))
+    assert sorted(drafter_weights(last)) == sorted(final)
+    for k, v in drafter_weights(last).items():
+        torch.testing.assert_close(v, final[k])
     assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
     records = parse_metrics(store.get_bytes(key_of(store, 't', "train", 'metrics.jsonl')).decode())
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
@@ -155,6 +162,7 @@ def test_stop_then_rerun_continues_the_same_loss_trajectory(upstream, tmp_path, 
     store = open_store(cfg.store.uri)
     assert read_manifest(store, "t", "train") is None
     assert store.exists(attempt_key(store, 't', "train", 'checkpoints/step-0000003/state.json'))
+    assert run_checkpoints(store, "t")[-1] == CheckpointRef(3, attempt_key(store, 't', "train", 'checkpoints/step-0000003'))
     monkeypatch.undo()
     resumed = run_stage(cfg, "train")
     assert resumed["resumed_from_step"] == 3 and resumed["steps"] == 6
