@@ -13,26 +13,23 @@
 # target_meta.json, and speculators' inductor cache as spec_inductor.tgz.part-* (put those in
 # .inductor/ and carry [".whl", ".inductor"] to start a later machine warm).
 #
-# Issue 21, 30 min of device time, 3 calls of <= 9.5 min on one warm machine (carry: [".whl"]).
-# Estimates from run 8 (quality_h200_run8/*device_log.txt): our train stage ~60 s start-up (compile)
-# + 1,200 steps x 16,384 tokens at ~390K tok/s = ~110 s; speculators ~70 s start-up + at ~181K tok/s
-# = ~180 s; so one draft vocab's race is ~290 s. Generation: 1,024 requests x 192 tokens took 18 s.
-#   1. bash benchmarks/quality/device_call.sh quality 560
-#        target (270 s training + ~40 s corpus/tokenizer; spec_warm compiles beside it), prep: generate
-#        10,240 samples (serve batch 2048 x 160 tokens: ~150 s), vocab, extract (~4.6M tokens at ~53K
-#        tok/s: ~90 s; the budget may cut it: it resumes in call 2). ~560 s.
-#   2. bash benchmarks/quality/device_call.sh quality 560
-#        the rest of extract, spec_data (~50 s), ours_v16384 + spec_v16384 (~290 s), ours_v32768
-#        (~110 s), spec_v32768 until the budget cuts it (it resumes from its mid-epoch checkpoint). ~560 s.
-#   3. bash benchmarks/quality/device_call.sh quality 560 spec_v32768,curve,plot
-#        the rest of spec_v32768, then the curve: final checkpoints of every trained side first, then
-#        16384's intermediate ones (7 points a side with --checkpoint-every 200), 64 prompts x 96 tokens
-#        in one lockstep batch per point (~20 s a point, estimated from run 5's 112 ms per decode round;
-#        not measured at this size). A cut curve resumes point by point. ~560 s.
-#   Not in these 30 min: draft vocab 64000 (= target vocab, no mapping): one more call,
-#   `quality 560 ours_v64000,spec_v64000,curve,plot` (~290 s training + its curve points).
-#   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M
-#   tokens); the other vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
+# Issue 21, one session (1,800 s of device time; the machine is usually an H100 even when an H200 is named),
+# three calls back to back on one warm machine (carry [".whl", ".inductor"]; .inductor/ = the spec_inductor.tgz.part-*
+# pieces a call brings back: speculators' compiled graphs for these shapes). Times measured on the H100 on
+# 2026-12-05 (docs/benchmarks.md, "Third session"); ~1,700 s in all with one machine start, so no slack:
+#   1. bash benchmarks/quality/device_call.sh quality 575 target,spec_warm,prep,spec_data \
+#        --draft-vocabs 64000,32768 --target-seconds 240 --train-steps 1000 --max-tokens 128
+#        target 287 s (spec_warm beside it, only the vocabs of the spec_v steps named in a call: here none, so
+#        both), generate 159 s, vocab, extract 89 s (the deadline may cut it: it resumes).
+#   2. ... quality 575 prep,spec_data,ours_v64000,spec_v64000,curve,plot (same flags)
+#        spec_data ~55 s, ours_v64000 ~190 s, spec_v64000 (not yet measured; ~270 s estimated), then the two
+#        final points of the curve (~30 s each).
+#   3. ... quality 540 ours_v32768,curve,plot (same flags)
+#        ours at 32,768 on the same target (~170 s: the mapping's cost on our side), its final point, then the
+#        64,000 curve's intermediate points (~25 s each) until the deadline.
+#   Not in one session: speculators at 32,768 on the same target (~300 s more); the 32,768 race ran twice on H200.
+#   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
+#   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
 # Missing Python packages travel as wheels in .whl/ (made here by fetch_wheels.sh; carry: [".whl"]) and go to /tmp/site.
 set -o pipefail

@@ -167,11 +167,15 @@ class Bench:
         return path
 
     def pipeline(self, vocab: int, until: str, need_server: bool = False) -> int:
-        cfg = self.config(vocab)
+        """Run q-vV's pipeline up to ``until``, in one ``eagle3ctl`` call (each costs 12-18 s of start-up on the
+        device machine). The other vocabs' runs adopt the first run's generate and extract with
+        ``--reuse-from`` (copied as hard links, verified, committed as their own): only vocab and train run."""
+        cmd = [self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(self.config(vocab)), "--until", until]
+        if vocab != self.a.vocabs[0]:
+            cmd += ["--reuse-from", self.run_id(self.a.vocabs[0])]
         server = self.start_server() if need_server else None
         try:
-            return self.sh([self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(cfg), "--until", until],
-                           reserve_s=15)
+            return self.sh(cmd, reserve_s=15)
         finally:
             if server is not None:
                 self.stop_server(server)
@@ -333,17 +337,6 @@ class Bench:
                 raise StepFailed(f"{stage} failed or was cut by the deadline (rerun: it resumes)")
         return {st: self.committed(self.run_id(first), st) for st in ("generate", "vocab", "extract")}
 
-    def ensure_run(self, vocab: int) -> str:
-        """Run q-vV up to its vocab and extract stages: its own vocab; the first run's generate and extract
-        adopted (``eagle3ctl run pipeline --reuse-from``: copied as hard links, verified, committed as its own)."""
-        run, first = self.run_id(vocab), self.run_id(self.a.vocabs[0])
-        reuse = ("--reuse-from", first) if run != first else ()
-        for until in ("vocab", "extract") if reuse else ("vocab",):  # siblings: --until one leaves the other out
-            cmd = [self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(self.config(vocab)), "--until", until]
-            if self.sh([*cmd, *reuse], reserve_s=15) != 0:
-                raise StepFailed(f"{run} {until} failed")
-        return run
-
     def aux_ids(self) -> list[str]:
         index = json.loads(self.committed(self.run_id(self.a.vocabs[0]), "extract", "index.json").read_text())
         return [str(i) for i in index["aux_layer_ids"]]
@@ -369,7 +362,7 @@ class Bench:
         from curve import Snapshots, our_checkpoints
         from summarize import steady
 
-        run = self.ensure_run(vocab)
+        run = self.run_id(vocab)
         snaps = self.snapshots("ours", vocab)
         objects = self.objects()
         with Snapshots(lambda: our_checkpoints(objects, run), snaps):
@@ -407,7 +400,9 @@ class Bench:
         from eagle3.vocab.mapping import load_vocab_mapping
         from spec_data import write_vocab
 
-        run = self.ensure_run(vocab)
+        run = self.run_id(vocab)
+        if self.pipeline(vocab, "vocab") != 0:  # the same draft vocab as ours
+            raise StepFailed(f"{run} vocab failed")
         data, save = self.work / "spec_data", self.work / f"spec_ckpt_v{vocab}"
         write_vocab(*load_vocab_mapping(self.committed(run, "vocab", "vocab_mapping.safetensors")), data)
         # speculators counts checkpoints in shares of an epoch and runs every epoch asked for (one step and a
@@ -496,15 +491,16 @@ class Bench:
         return out
 
     def sides(self) -> dict[int, dict[str, dict | None]]:
-        """Per vocab, each side's training result and its final checkpoint's report (None: not there)."""
+        """Per vocab, each side's training result (None: not trained) with its final checkpoint's report
+        (``final`` None: not evaluated yet)."""
         out: dict[int, dict[str, dict | None]] = {}
         for vocab in self.a.vocabs:
             out[vocab] = {}
             for side in ("ours", "spec"):
                 res = self.done(f"{side}_v{vocab}")
                 final = self.point_file(vocab, side, res["final_step"]) if res else None
-                out[vocab][side] = ({**res, "final": json.loads(final.read_text())}
-                                    if final is not None and final.exists() else None)
+                out[vocab][side] = None if res is None else {
+                    **res, "final": json.loads(final.read_text()) if final is not None and final.exists() else None}
         return out
 
     def step_plot(self) -> dict:

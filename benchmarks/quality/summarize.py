@@ -87,26 +87,30 @@ def ratio(name_a: str, a: float | None, name_b: str, b: float | None) -> float |
 def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = None) -> dict[str, Any]:
     """One draft vocab's race: each side's final acceptance (CI), training numbers, and the ratios.
 
-    ``ours`` / ``spec``: {"final": evaluator report of the last checkpoint, "final_step", "train": {...}}
-    or None. A side that trained fewer than ``steps`` optimizer steps counts as missing (a CPU
-    ``--dry-run`` of speculators saves its untrained drafter: step 0).
+    ``ours`` / ``spec``: {"final": evaluator report of the last checkpoint (None: not evaluated yet),
+    "final_step", "train": {...}} or None. A side that trained fewer than ``steps`` optimizer steps
+    counts as missing (a CPU ``--dry-run`` of speculators saves its untrained drafter: step 0). A
+    side trained but not yet evaluated keeps its training numbers, so the throughput and memory
+    ratios come out of a call the deadline cut before the curve.
     """
     out: dict[str, Any] = {}
+    trained, evaluated = {}, {}
     for name, side in (("eagle3ctl", ours), ("speculators", spec)):
-        if not side or not side.get("final"):
+        if not side:
             out[name] = refused([name])
         elif steps is not None and (side.get("final_step") or 0) < steps:
             out[name] = refused([f"{name} (trained {side.get('final_step') or 0} of {steps} steps)"])
         else:
-            out[name] = {"acceptance": acceptance_ci(side["final"]), "steps": side.get("final_step"),
-                         "train": side.get("train")}
-    o_ok, s_ok = isinstance(out["eagle3ctl"], dict), isinstance(out["speculators"], dict)
-    if o_ok and s_ok:
+            trained[name] = side.get("train") or {}
+            evaluated[name] = bool(side.get("final"))
+            out[name] = {"acceptance": acceptance_ci(side["final"]) if evaluated[name]
+                         else refused([f"{name}'s evaluated final checkpoint"]),
+                         "steps": side.get("final_step"), "train": side.get("train")}
+    if all(evaluated.get(n) for n in ("eagle3ctl", "speculators")):
         out["acceptance_ratio"] = acceptance_ratio_ci(ours["final"], spec["final"]) or refused(["shared prompts"])
     else:
-        out["acceptance_ratio"] = refused([n for n, ok in (("eagle3ctl", o_ok), ("speculators", s_ok)) if not ok])
-    ot = ((ours or {}).get("train") or {}) if o_ok else {}
-    st = ((spec or {}).get("train") or {}) if s_ok else {}
+        out["acceptance_ratio"] = refused([n for n in ("eagle3ctl", "speculators") if not evaluated.get(n)])
+    ot, st = trained.get("eagle3ctl", {}), trained.get("speculators", {})
     out["throughput_ratio"] = ratio("eagle3ctl", ot.get("steady_tokens_per_s"), "speculators",
                                     st.get("steady_tokens_per_s"))
     out["peak_memory_ratio"] = ratio("eagle3ctl", ot.get("peak_memory_gib"), "speculators", st.get("peak_memory_gib"))

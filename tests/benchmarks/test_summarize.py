@@ -85,3 +85,14 @@ def test_the_curves_plot_is_a_png(tmp_path):
     curves = {16384: {"eagle3ctl": points, "speculators": points[:2]}, 64000: {"eagle3ctl": points[:1]}}
     path = plot.plot_curves(curves, tmp_path / "curves.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_a_side_trained_but_not_evaluated_keeps_its_training_numbers():
+    """A call the deadline cut before the curve still reports throughput and memory; acceptance is refused."""
+    ours = {"final": None, "final_step": 12, "train": {"steady_tokens_per_s": 300.0, "peak_memory_gib": 4.0}}
+    theirs = {"final": None, "final_step": 12, "train": {"steady_tokens_per_s": 100.0, "peak_memory_gib": 8.0}}
+    s = summarize.variant_summary(ours, theirs, steps=12)
+    assert s["throughput_ratio"] == 3.0 and s["peak_memory_ratio"] == 0.5
+    assert s["acceptance_ratio"] == "not reported: eagle3ctl, speculators missing"
+    assert s["eagle3ctl"]["acceptance"] == "not reported: eagle3ctl's evaluated final checkpoint missing"
+    assert s["eagle3ctl"]["train"]["steady_tokens_per_s"] == 300.0
