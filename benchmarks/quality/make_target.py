@@ -179,6 +179,15 @@ def batches(stream: torch.Tensor, r: TargetRecipe, gen: torch.Generator, device:
 MICRO_TOKENS = 16384
 
 
+def micro_batches(x: torch.Tensor, y: torch.Tensor):
+    """(inputs, labels, share of the batch) in pieces of about MICRO_TOKENS tokens: a 64K-token batch's
+    float32 logits over a 64K vocab alone are 16 GiB, which with their gradient did not fit an 80 GB H100
+    (the H200 held them). The shares weigh each piece's mean loss into the batch's mean."""
+    n = max(1, min(x.shape[0], x.numel() // MICRO_TOKENS))
+    for xm, ym in zip(x.chunk(n), y.chunk(n)):
+        yield xm, ym, xm.shape[0] / x.shape[0]
+
+
 def lm_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     # Chunked-free: hidden -> logits in bf16, cross-entropy in float32.
     h = model.model(input_ids=x).last_hidden_state  # [B, T, H]
@@ -206,13 +215,10 @@ def train_lm(model, stream: torch.Tensor, heldout: torch.Tensor, r: TargetRecipe
         for g in opt.param_groups:
             g["lr"] = lr
         x, y = next(it)
-        # Micro-batches of <= MICRO_TOKENS: a 64K-token batch's float32 logits over a 64K vocab alone
-        # are 16 GiB, which with their gradient did not fit an 80 GB H100 (the H200 held them).
-        micro = max(1, min(x.shape[0], x.numel() // MICRO_TOKENS))
         loss = 0.0
-        for xm, ym in zip(x.chunk(micro), y.chunk(micro)):
+        for xm, ym, share in micro_batches(x, y):
             with amp:
-                part = lm_loss(model, xm, ym) * (xm.shape[0] / x.shape[0])
+                part = lm_loss(model, xm, ym) * share
             part.backward()
             loss = loss + part.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -246,9 +252,7 @@ def evaluate_loss(model, stream: torch.Tensor, r: TargetRecipe, device: torch.de
     for _ in range(n):
         x, y = next(it)
         with amp:
-            micro = max(1, min(x.shape[0], x.numel() // MICRO_TOKENS))
-            losses.append(sum(float(lm_loss(model, xm, ym)) * xm.shape[0] / x.shape[0]
-                              for xm, ym in zip(x.chunk(micro), y.chunk(micro))))
+            losses.append(sum(float(lm_loss(model, xm, ym)) * share for xm, ym, share in micro_batches(x, y)))
     return sum(losses) / len(losses)
 
 
