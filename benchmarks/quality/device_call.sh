@@ -15,19 +15,20 @@
 #
 # Issue 21, one session (1,800 s of device time; the machine is usually an H100 even when an H200 is named),
 # three calls back to back on one warm machine (carry [".whl", ".inductor"]; .inductor/ = the spec_inductor.tgz.part-*
-# pieces a call brings back: speculators' compiled graphs for these shapes). Times measured on the H100 on
-# 2026-12-05 (docs/benchmarks.md, "Third session"); ~1,700 s in all with one machine start, so no slack:
+# pieces a call brings back: speculators' compiled graphs for these shapes). Ran as below on an H100 on 2026-12-05
+# (fourth session; docs/benchmarks.md "Draft vocab 64,000 ... on one target"): 1,696 s of 1,800 with the machine's start.
 #   1. bash benchmarks/quality/device_call.sh quality 575 target,spec_warm,prep,spec_data \
 #        --draft-vocabs 64000,32768 --target-seconds 240 --train-steps 1000 --max-tokens 128
-#        target 287 s (spec_warm beside it, only the vocabs of the spec_v steps named in a call: here none, so
-#        both), generate 159 s, vocab, extract 89 s (the deadline may cut it: it resumes).
-#   2. ... quality 575 prep,spec_data,ours_v64000,spec_v64000,curve,plot (same flags)
-#        spec_data ~55 s, ours_v64000 ~190 s, spec_v64000 (not yet measured; ~270 s estimated), then the two
-#        final points of the curve (~30 s each).
-#   3. ... quality 540 ours_v32768,curve,plot (same flags)
-#        ours at 32,768 on the same target (~170 s: the mapping's cost on our side), its final point, then the
-#        64,000 curve's intermediate points (~25 s each) until the deadline.
-#   Not in one session: speculators at 32,768 on the same target (~300 s more); the 32,768 race ran twice on H200.
+#        target 278 s (spec_warm beside it, 202 s with the cache carried), generate 147 s, vocab 6 s; the deadline cut
+#        extract (it resumes).
+#   2. ... quality 560 prep,spec_data,ours_v64000,spec_v64000,curve,plot (same flags)
+#        extract's rest 32 s, spec_data 49 s, ours_v64000 152 s, speculators at 64,000 cut at step 761 (it resumes
+#        from its end-of-epoch checkpoint, 253 steps an epoch).
+#   3. ... quality 565 spec_v64000,ours_v32768,curve,plot (same flags)
+#        speculators' last epoch 155 s, ours at 32,768 127 s (generate and extract adopted with --reuse-from), the
+#        final points (21-65 s each), the 64,000 curve's step 200; 101 s of the session left.
+#   Not yet on one target: speculators at 32,768 (~280 s) and the curves' intermediate points. All four cells with
+#   final points alone need ~1,800 s: the whole session with no slack.
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.

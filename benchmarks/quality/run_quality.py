@@ -374,7 +374,8 @@ class Bench:
         stats = self.committed(run, "train")
         metrics = self.committed(run, "train", "metrics.jsonl")
         records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        return {"train": {"steps": stats.get("steps"), "tokens": stats.get("tokens"),
+        coverage = json.loads(self.committed(run, "vocab", "coverage.json").read_text())["coverage"]
+        return {"draft_vocab_coverage": coverage, "train": {"steps": stats.get("steps"), "tokens": stats.get("tokens"),
                           "steady_tokens_per_s": steady(records), "loop_tokens_per_s": stats.get("tokens_per_s"),
                           "peak_memory_gib": stats.get("peak_memory_gib"), "resumed_from_step": stats.get("resumed_from_step"),
                           "heldout_loss_0": stats.get("eval_loss_0"), "heldout_acc_0": stats.get("eval_acc_0")},

@@ -94,6 +94,8 @@ def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = No
     ratios come out of a call the deadline cut before the curve.
     """
     out: dict[str, Any] = {}
+    if ours and ours.get("draft_vocab_coverage") is not None:  # share of generated tokens the draft vocab holds
+        out["draft_vocab_coverage"] = ours["draft_vocab_coverage"]
     trained, evaluated = {}, {}
     for name, side in (("eagle3ctl", ours), ("speculators", spec)):
         if not side:

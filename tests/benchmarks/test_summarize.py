@@ -89,9 +89,11 @@ def test_the_curves_plot_is_a_png(tmp_path):
 
 def test_a_side_trained_but_not_evaluated_keeps_its_training_numbers():
     """A call the deadline cut before the curve still reports throughput and memory; acceptance is refused."""
-    ours = {"final": None, "final_step": 12, "train": {"steady_tokens_per_s": 300.0, "peak_memory_gib": 4.0}}
+    ours = {"final": None, "final_step": 12, "draft_vocab_coverage": 0.97,
+            "train": {"steady_tokens_per_s": 300.0, "peak_memory_gib": 4.0}}
     theirs = {"final": None, "final_step": 12, "train": {"steady_tokens_per_s": 100.0, "peak_memory_gib": 8.0}}
     s = summarize.variant_summary(ours, theirs, steps=12)
+    assert s["draft_vocab_coverage"] == 0.97  # the vocab's share of generated tokens, beside the race it explains
     assert s["throughput_ratio"] == 3.0 and s["peak_memory_ratio"] == 0.5
     assert s["acceptance_ratio"] == "not reported: eagle3ctl, speculators missing"
     assert s["eagle3ctl"]["acceptance"] == "not reported: eagle3ctl's evaluated final checkpoint missing"
