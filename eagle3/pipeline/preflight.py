@@ -49,16 +49,22 @@ def stages_to_run(cfg: PipelineConfig, store: ObjectStore, selected: set[str], f
 
 
 def _target_config(cfg: PipelineConfig) -> tuple[Any, str] | None:
-    """The target's config when it is on this machine (a local folder or a builtin target)."""
-    from transformers.utils import logging as hf_logging
+    """The target's config when it is on this machine (a local folder or a builtin target).
 
-    from eagle3.targets.load import load_target_config, resolve_target
+    Read without torch or transformers where its config.json allows (target_config_for_checks):
+    the stages run in their own processes, and this one only checks."""
+    from eagle3.targets.load import builtin_arch, resolve_target, target_config_for_checks
+    from eagle3.targets.tiny import built_target_dir
 
-    hf_logging.disable_progress_bar()  # a builtin target may be built here: no bars over the stage table
+    arch = builtin_arch(cfg.target.model)
+    if arch is not None and built_target_dir(arch, Path(cfg.target.cache_dir)) is None:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # the builtin target is built here: no bars over the stage table
     source = resolve_target(cfg.target)
     if not Path(source).is_dir():
         return None  # a hub id, or a path that exists only inside the cluster: the stage checks it
-    return load_target_config(cfg.target), source
+    return target_config_for_checks(cfg.target), source
 
 
 def check_run(cfg: PipelineConfig, to_run: set[str], echo: Callable[[str], None] = lambda line: None) -> None:
@@ -87,7 +93,7 @@ def check_run(cfg: PipelineConfig, to_run: set[str], echo: Callable[[str], None]
 
 def _target_problems(cfg: PipelineConfig, to_run: set[str], config: Any, source: str) -> list[str]:
     from eagle3.targets.aux_layers import resolve_aux_layer_ids
-    from eagle3.targets.load import check_vocab, load_tokenizer, num_layers, target_vocab_size
+    from eagle3.targets.load import check_vocab_size, num_layers, target_vocab_size, tokenizer_size_for_checks
 
     problems = []
     vocab, layers = target_vocab_size(config), num_layers(config)
@@ -101,7 +107,7 @@ def _target_problems(cfg: PipelineConfig, to_run: set[str], config: Any, source:
             problems.append(f"target.aux_layer_ids: {e}")
     if "generate" in to_run or cfg.target.vocab_size is not None:
         try:
-            check_vocab(cfg.target, load_tokenizer(cfg.target), config)
+            check_vocab_size(cfg.target, tokenizer_size_for_checks(cfg.target), config)
         except Eagle3Error as e:
             problems.append(str(e))
     return problems

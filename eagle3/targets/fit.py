@@ -30,6 +30,10 @@ CATEGORIES = ("embed", "lm_head", "attention", "dense_mlp", "routed_experts", "s
 LINEAR = ("attention", "dense_mlp", "routed_experts", "shared_experts", "lm_head")  # quantizable Linear weights
 
 
+# Device nodes of the NVIDIA driver (also inside containers given GPUs) and of ROCm's, which torch.cuda drives too.
+GPU_DRIVER_NODES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")
+
+
 @dataclass(frozen=True)
 class Gpus:
     count: int
@@ -37,6 +41,10 @@ class Gpus:
 
     @classmethod
     def detect(cls) -> Gpus | None:
+        """This machine's GPUs as torch sees them; None without a GPU driver, before importing torch
+        (seconds of a CLI's start-up, for an answer the device nodes already give)."""
+        if not any(os.path.exists(node) for node in GPU_DRIVER_NODES):
+            return None
         import torch
 
         if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
@@ -213,12 +221,12 @@ def check_fit(cfg: Any, stage: str, gpus: Gpus | None = None) -> None:
     node's GPUs.
     """
     from eagle3.errors import StageError
-    from eagle3.targets.load import load_target_config
+    from eagle3.targets.load import target_config_for_checks
 
     setting = f"{stage}.engine"
     engine = getattr(cfg, stage).engine
     try:
-        config = load_target_config(cfg.target)
+        config = target_config_for_checks(cfg.target)
     except StageError as e:
         raise ConfigError(f"{setting}: cannot check that the target fits: {e}") from None
     gpus = gpus if gpus is not None else Gpus.detect()

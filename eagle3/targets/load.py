@@ -8,13 +8,16 @@ agree on the path, and through :func:`served_model_name` on the name the endpoin
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from eagle3.errors import StageError
 from eagle3.targets.settings import TargetSettings
+
+if TYPE_CHECKING:
+    import torch
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_TARGETS = {"tiny-llama": "llama", "tiny-deepseek": "deepseek", "tiny-kimi": "kimi"}
@@ -72,6 +75,62 @@ def load_target_config(settings: TargetSettings) -> Any:
         raise StageError(f"cannot load target config from {source}: {_first_line(e)}") from None
 
 
+# The fields every check before a stage reads (vocab, layers, the fit estimate's shapes).
+_CHECKED_FIELDS = ("vocab_size", "num_hidden_layers", "hidden_size", "num_attention_heads")
+
+
+class JsonConfig(dict):
+    """A target's ``config.json`` as loaded JSON, its fields also readable as attributes
+    (``config.text_config.vocab_size``), as the checks read a transformers config."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            value = self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+        return JsonConfig(value) if isinstance(value, dict) and not isinstance(value, JsonConfig) else value
+
+
+def target_config_for_checks(settings: TargetSettings) -> Any:
+    """The target's config for the checks made before a stage runs (draft vocab, aux layers, does
+    it fit the engine).
+
+    A local target's ``config.json`` is read as JSON when it names every field those checks read:
+    importing torch and transformers for ``AutoConfig`` is most of the CLI's start-up (3.7 s on
+    a 2-core CPU box, 12-18 s on a GPU machine) and the stages load the real config anyway.
+    Anything else (a hub id, a config without those fields, one transformers must interpret or
+    reject) goes through :func:`load_target_config`, so its errors are the stages' errors.
+    """
+    path = Path(resolve_target(settings)) / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict):
+        config = JsonConfig(data)
+        text = _text_config(config)
+        if all(isinstance(text.get(k), int) and not isinstance(text.get(k), bool) for k in _CHECKED_FIELDS):
+            return config
+    return load_target_config(settings)
+
+
+def tokenizer_size_for_checks(settings: TargetSettings) -> int:
+    """``len(tokenizer)`` for the checks made before a stage runs.
+
+    A local ``tokenizer.json`` that is the whole tokenizer (no remote-code class in
+    ``tokenizer_config.json``) is counted with the tokenizers library, which is what
+    transformers' fast tokenizer wraps; anything else is loaded as the stages load it."""
+    source = Path(_tokenizer_source(settings))
+    tokenizer_json, tokenizer_config = source / "tokenizer.json", source / "tokenizer_config.json"
+    with contextlib.suppress(Exception):  # unreadable here: AutoTokenizer says why, as in the stage
+        remote = tokenizer_config.is_file() and "auto_map" in json.loads(tokenizer_config.read_text())
+        if tokenizer_json.is_file() and not remote:
+            from tokenizers import Tokenizer
+
+            return Tokenizer.from_file(str(tokenizer_json)).get_vocab_size(with_added_tokens=True)
+    return len(load_tokenizer(settings))
+
+
 def load_tokenizer(settings: TargetSettings) -> Any:
     from transformers import AutoTokenizer
 
@@ -84,6 +143,8 @@ def load_tokenizer(settings: TargetSettings) -> Any:
 
 def resolve_dtype(setting: str, device: str | torch.device) -> torch.dtype:
     """``auto``: bf16 on CUDA, fp32 on CPU."""
+    import torch
+
     if setting == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     return getattr(torch, setting)
@@ -138,11 +199,15 @@ def target_vocab_size(config: Any) -> int:
 
 def check_vocab(settings: TargetSettings, tokenizer: Any, config: Any) -> int:
     """The target vocab size, after checking tokenizer and configured size agree with it."""
+    return check_vocab_size(settings, len(tokenizer), config)
+
+
+def check_vocab_size(settings: TargetSettings, n_tokens: int, config: Any) -> int:
+    """:func:`check_vocab` for a tokenizer of ``n_tokens`` tokens (added tokens included)."""
     vocab = target_vocab_size(config)
     if settings.vocab_size is not None and settings.vocab_size != vocab:
         raise StageError(f"target.vocab_size is {settings.vocab_size} but the target config {resolve_target(settings)} "
                          f"has vocab_size {vocab}")
-    n_tokens = len(tokenizer)
     if n_tokens > vocab:
         raise StageError(f"tokenizer {_tokenizer_source(settings)} has {n_tokens} tokens but target vocab_size is {vocab}")
     return vocab

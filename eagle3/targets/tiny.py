@@ -32,8 +32,6 @@ import shutil
 import uuid
 from pathlib import Path
 
-import torch
-
 ARCHS = ("llama", "deepseek", "kimi")
 # Bump when the recipe changes: cached builds are keyed by it.
 RECIPE_VERSION = 2
@@ -168,6 +166,7 @@ def tiny_config(arch: str, vocab_size: int, pad_id: int, bos_id: int, eos_id: in
 
 def build_tiny_target(arch: str, out_dir: Path, seed: int = 0) -> Path:
     """Write a tiny pretrained target (model + tokenizer + chat template) as an HF directory."""
+    import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from eagle3.targets.tiny_pretrain import pretrain
@@ -194,6 +193,7 @@ def build_tiny_target(arch: str, out_dir: Path, seed: int = 0) -> Path:
 
 def _build_tiny_kimi(out_dir: Path, seed: int) -> Path:
     """Kimi-K2.5's wrapper around the tiny DeepseekV3; vocab = base + 256 special slots, unpadded, as Kimi's."""
+    import torch
     from transformers import AutoModelForImageTextToText, GenerationConfig
 
     from eagle3.targets import tiny_kimi
@@ -212,13 +212,23 @@ def _build_tiny_kimi(out_dir: Path, seed: int) -> Path:
     return out_dir
 
 
+def _cached_dir(arch: str, cache_dir: Path, seed: int) -> Path:
+    return Path(cache_dir).resolve() / f"tiny-{arch}-s{seed}-r{RECIPE_VERSION}"
+
+
+def built_target_dir(arch: str, cache_dir: Path, seed: int = 0) -> Path | None:
+    """The cached directory of a tiny target if it is built, else None (builds nothing, imports no torch)."""
+    final = _cached_dir(arch, cache_dir, seed)
+    return final if (final / COMPLETE_MARKER).exists() else None
+
+
 def builtin_target_dir(arch: str, cache_dir: Path, seed: int = 0) -> Path:
     """Build (once) and return the cached directory of a tiny target.
 
     Safe against concurrent builders: each builds in a private folder and renames it into
     place; a folder counts as built only once its marker file exists.
     """
-    final = Path(cache_dir).resolve() / f"tiny-{arch}-s{seed}-r{RECIPE_VERSION}"
+    final = _cached_dir(arch, cache_dir, seed)
     if (final / COMPLETE_MARKER).exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
