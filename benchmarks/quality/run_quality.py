@@ -166,11 +166,13 @@ class Bench:
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         return path
 
-    def pipeline(self, vocab: int, until: str, need_server: bool = False) -> int:
-        """Run q-vV's pipeline up to ``until``, in one ``eagle3ctl`` call (each costs 12-18 s of start-up on the
-        device machine). The other vocabs' runs adopt the first run's generate and extract with
-        ``--reuse-from`` (copied as hard links, verified, committed as their own): only vocab and train run."""
-        cmd = [self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(self.config(vocab)), "--until", until]
+    def pipeline(self, vocab: int, *until: str, need_server: bool = False) -> int:
+        """Run q-vV's pipeline up to the ``until`` stages, in one ``eagle3ctl`` call (each cost 12-18 s of start-up
+        on the device machine before the preflight stopped importing torch). The other vocabs' runs adopt the
+        first run's generate and extract with ``--reuse-from`` (copied as hard links, verified, committed as
+        their own): only vocab and train run."""
+        cmd = [self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(self.config(vocab))]
+        cmd += [arg for stage in until for arg in ("--until", stage)]
         if vocab != self.a.vocabs[0]:
             cmd += ["--reuse-from", self.run_id(self.a.vocabs[0])]
         server = self.start_server() if need_server else None
@@ -332,9 +334,8 @@ class Bench:
         if not self.committed(self.run_id(first), "generate"):
             if self.pipeline(first, "generate", need_server=True) != 0:
                 raise StepFailed("generate failed or was cut by the deadline (rerun: it resumes)")
-        for stage in ("vocab", "extract"):  # siblings in the DAG: --until one leaves the other out
-            if self.pipeline(first, stage) != 0:
-                raise StepFailed(f"{stage} failed or was cut by the deadline (rerun: it resumes)")
+        if self.pipeline(first, "vocab", "extract") != 0:  # siblings in the DAG: both named
+            raise StepFailed("vocab or extract failed or was cut by the deadline (rerun: it resumes)")
         return {st: self.committed(self.run_id(first), st) for st in ("generate", "vocab", "extract")}
 
     def aux_ids(self) -> list[str]:
@@ -422,8 +423,8 @@ class Bench:
         if rc != 0:
             raise StepFailed(f"spec_train.py stopped (exit {rc}); speculators resumes from {save} on the next call")
         train = json.loads(out_json.read_text())
-        return {"train": {k: train.get(k) for k in ("steady_tokens_per_s", "wall_seconds", "peak_memory_gib",
-                                                    "last_step", "mean_tokens_per_step", "final_train_metrics")},
+        return {"train": {k: train.get(k) for k in ("steady_tokens_per_s", "wall_seconds", "peak_memory_gib", "last_step",
+                                                    "mean_tokens_per_step", "final_train_metrics", "parts")},
                 "final_step": max((s for s, _ in spec_checkpoints(save)), default=None), "epochs": epochs,
                 "train_steps": self.a.train_steps}
 

@@ -98,6 +98,23 @@ def steady_tokens_per_s(records: list[tuple[float, dict]], skip: float = 0.2) ->
     }
 
 
+def merge_parts(earlier: dict | None, part: dict) -> dict:
+    """One training's numbers over the calls it took: a run the deadline cut resumes from its last
+    checkpoint in the next call, and each call measures only its own part. Wall seconds add up, peak
+    memory is the highest part's, steady tokens/s is the parts' mean weighted by their logged steps."""
+    keys = ("wall_seconds", "peak_memory_gib", "steady_tokens_per_s", "logged_steps", "last_step")
+    parts = [*(earlier or {}).get("parts", []), {k: part.get(k) for k in keys}]
+    rated = [p for p in parts if p["steady_tokens_per_s"] and p["logged_steps"]]
+    weight = sum(p["logged_steps"] for p in rated)
+    peaks = [p["peak_memory_gib"] for p in parts if p["peak_memory_gib"] is not None]
+    return {**part, "parts": parts,
+            "wall_seconds": round(sum(p["wall_seconds"] or 0.0 for p in parts), 1),
+            "peak_memory_gib": max(peaks) if peaks else None,
+            "steady_tokens_per_s": round(sum(p["steady_tokens_per_s"] * p["logged_steps"] for p in rated) / weight, 1)
+            if weight else None,
+            "logged_steps": sum(p["logged_steps"] or 0 for p in parts)}
+
+
 def latest_checkpoint(save: Path) -> Path:
     epochs = sorted((int(p.name), p) for p in save.iterdir() if p.is_dir() and p.name.isdigit())
     if not epochs and (save / "model.safetensors").exists():  # --dry-run saves the initialized drafter here
@@ -177,17 +194,20 @@ def main(argv: list[str] | None = None) -> int:
     root.addHandler(console)
     sargv = spec_argv(a)
     print("speculators argv: " + " ".join(sargv), flush=True)
+    # speculators resumes from a checkpoint under --save: this call is then one part of the training
+    resumes = a.save.is_dir() and any(p.is_dir() and p.name.isdigit() for p in a.save.iterdir())
+    earlier = json.loads(a.out_json.read_text()) if resumes and a.out_json.is_file() else None
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     spec_main(TrainConfig.resolve(sargv))
     wall = time.perf_counter() - t0
-    result = {
+    result = merge_parts(earlier, {
         "argv": sargv,
         "wall_seconds": round(wall, 1),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None,
         **steady_tokens_per_s(tap.records),
-    }
+    })
     result["export"] = export_ours(latest_checkpoint(a.save), a.target, a.aux_layer_ids, a.export)
     a.out_json.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "argv"}, indent=2), flush=True)

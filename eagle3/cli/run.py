@@ -50,7 +50,8 @@ def pipeline(
     store: StoreOpt = None,
     backend: BackendOpt = None,
     start: Annotated[Optional[str], typer.Option("--from", help="Run this stage and the stages after it only.")] = None,
-    until: Annotated[Optional[str], typer.Option("--until", help="Run this stage and the stages before it only.")] = None,
+    until: Annotated[Optional[list[str]], typer.Option("--until", help="Run this stage and the stages before it only "
+                                                      "(repeatable: each stage given and the stages before it).")] = None,
     force: Annotated[Optional[list[str]], typer.Option("--force", help="Rerun this stage (and so its dependents) even if complete.")] = None,
     reuse_from: ReuseOpt = None,
     cancel: CancelOpt = False,
@@ -61,7 +62,7 @@ def pipeline(
 
     cfg = _cancel(config_from(config, run_id, store, backend), cancel)
     _announce(config, cfg)
-    _finish(run_pipeline(cfg, Selection(start=start, until=until, force=tuple(force or ())), typer.echo,
+    _finish(run_pipeline(cfg, Selection(start=start, until=tuple(until or ()), force=tuple(force or ())), typer.echo,
                          reuse_from=reuse_from))
 
 

@@ -84,15 +84,16 @@ class ServeRow:
 
 @dataclass
 class Selection:
-    """Which stages this run may run: ``--from`` X and its dependents, ``--until`` Y and its upstreams."""
+    """Which stages this run may run: ``--from`` X and its dependents, ``--until`` Y and its upstreams
+    (``--until`` repeated: each Y given and its upstreams, e.g. two siblings in the DAG)."""
 
     start: str | None = None
-    until: str | None = None
+    until: tuple[str, ...] = ()
     only: tuple[str, ...] = ()  # `run stage NAME`
     force: tuple[str, ...] = ()
 
     def stages(self) -> set[str]:
-        for name in (self.start, self.until, *self.only, *self.force):
+        for name in (self.start, *self.until, *self.only, *self.force):
             if name is not None and name not in STAGES:
                 raise ConfigError(f"unknown stage {name!r}; stages are: {', '.join(ORDER)}")
         chosen = set(ORDER)
@@ -101,7 +102,7 @@ class Selection:
         if self.start:
             chosen &= {self.start} | descendants(self.start)
         if self.until:
-            chosen &= {self.until} | ancestors(self.until)
+            chosen &= set().union(*({y} | ancestors(y) for y in self.until))
         bad = [f for f in self.force if f not in chosen]
         if bad:
             raise ConfigError(f"--force {bad[0]}: the stage is outside the stages selected to run")

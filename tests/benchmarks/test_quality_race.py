@@ -99,3 +99,21 @@ def test_a_speculators_checkpoint_exports_as_the_export_stage_writes(tmp_path, t
         assert torch.equal(exported[k], v.to(torch.bfloat16)), k
     if not draft_vocab:
         assert torch.equal(exported["d2t"], torch.zeros(vocab, dtype=torch.int64)) and bool(exported["t2d"].all())
+
+
+def test_a_speculators_training_cut_by_a_deadline_reports_both_parts():
+    """Call 2's part (cut at step 761) and call 3's resumed part: the wall adds up, the peak is the higher,
+    tokens/s is weighted by logged steps; a fresh start (no earlier part) stays as measured."""
+    merge = load("spec_train").merge_parts
+    cut = {"wall_seconds": 223.3, "peak_memory_gib": 25.926, "steady_tokens_per_s": 81366.6, "logged_steps": 153,
+           "last_step": 761}
+    first = merge(None, {**cut, "argv": ["--max-steps", "1000"]})
+    assert first["wall_seconds"] == 223.3 and first["steady_tokens_per_s"] == 81366.6 and len(first["parts"]) == 1
+    resumed = {"wall_seconds": 123.6, "peak_memory_gib": 25.923, "steady_tokens_per_s": 81714.9, "logged_steps": 49,
+               "last_step": 1001, "final_train_metrics": {"loss": 1.34}}
+    both = merge(first, resumed)
+    assert both["wall_seconds"] == 346.9 and both["peak_memory_gib"] == 25.926 and both["last_step"] == 1001
+    assert both["steady_tokens_per_s"] == round((81366.6 * 153 + 81714.9 * 49) / 202, 1)
+    assert [p["last_step"] for p in both["parts"]] == [761, 1001] and both["final_train_metrics"] == {"loss": 1.34}
+    unrated = merge(None, {**resumed, "steady_tokens_per_s": None, "peak_memory_gib": None})  # a CPU --dry-run
+    assert unrated["steady_tokens_per_s"] is None and unrated["peak_memory_gib"] is None

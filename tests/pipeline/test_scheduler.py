@@ -96,7 +96,7 @@ def test_force_reruns_the_stage_and_therefore_its_dependents(tmp_path):
 
 def test_from_and_until_bound_the_stages_run(tmp_path):
     cfg, store = setup(tmp_path)
-    b, result, _ = run(cfg, store, tmp_path, Selection(until="vocab"))
+    b, result, _ = run(cfg, store, tmp_path, Selection(until=("vocab",)))
     assert sorted(b.submitted) == ["generate", "vocab"]
     assert result.rows["train"].state == "excluded" and result.ok
     b, result, _ = run(cfg, store, tmp_path, Selection(start="extract"))
@@ -113,7 +113,7 @@ def test_a_stage_whose_upstream_is_outside_the_selection_and_incomplete_is_block
 
 def test_an_external_endpoint_starts_no_server(tmp_path):
     cfg, store = setup(tmp_path, **{"serve.endpoint": "http://elsewhere:9000/v1"})
-    b, result, _ = run(cfg, store, tmp_path, Selection(until="generate"))
+    b, result, _ = run(cfg, store, tmp_path, Selection(until=("generate",)))
     assert result.ok and b.serve_runs == []
     assert b.endpoints["generate"] == "http://elsewhere:9000/v1"
 
@@ -130,9 +130,17 @@ def test_interrupt_cancels_running_stages_and_stops_the_server(tmp_path):
     assert result2.ok and not (set(b2.submitted) & {n for n, r in result.rows.items() if r.state == "done"})
 
 
+def test_until_repeated_selects_each_stage_and_its_upstreams():
+    assert Selection(until=("vocab", "extract")).stages() == {"generate", "vocab", "extract"}
+    assert Selection(until=("vocab", "train")).stages() == {"generate", "vocab", "extract", "train"}
+    assert Selection(start="vocab", until=("vocab", "extract")).stages() == {"vocab"}  # extract is not after vocab
+
+
 def test_bad_stage_names_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="unknown stage 'trian'"):
         Selection(start="trian").stages()
+    with pytest.raises(ConfigError, match="unknown stage 'extrct'"):
+        Selection(until=("vocab", "extrct")).stages()
     with pytest.raises(ConfigError, match="--force generate"):
         Selection(start="extract", force=("generate",)).stages()
 
