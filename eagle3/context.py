@@ -84,8 +84,14 @@ class StageContext:
         if not force and t - self._last_progress < 1.0:
             return
         self._last_progress = t
-        rec = {"stage": self.spec.name, "done": done, "total": total, "unit": unit, **extra}
-        print(f"{PROGRESS_TAG} {json.dumps(rec)}", file=sys.stderr, flush=True)
+        emit_progress({"stage": self.spec.name, "done": done, "total": total, "unit": unit, **extra})
+
+
+def emit_progress(record: dict[str, Any]) -> None:
+    """One ``EAGLE3_PROGRESS {...}`` line on stderr, in one write: the ranks of a torchrun stage share
+    the pipe, and print()'s separate write of the newline let two ranks' lines run into one."""
+    sys.stderr.write(f"{PROGRESS_TAG} {json.dumps(record)}\n")
+    sys.stderr.flush()
 
 
 def upstream_digests(cfg: PipelineConfig, spec: StageSpec, store: ObjectStore) -> dict[str, LoadedManifest]:
