@@ -75,8 +75,9 @@ def load_target_config(settings: TargetSettings) -> Any:
         raise StageError(f"cannot load target config from {source}: {_first_line(e)}") from None
 
 
-# The fields every check before a stage reads (vocab, layers, the fit estimate's shapes).
-_CHECKED_FIELDS = ("vocab_size", "num_hidden_layers", "hidden_size", "num_attention_heads")
+# The fields every check before a stage reads (vocab, layers, the fit estimate's shapes); a config.json
+# without one of them is read by AutoConfig, whose model class supplies its default.
+_CHECKED_FIELDS = ("vocab_size", "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
 
 
 class JsonConfig(dict):

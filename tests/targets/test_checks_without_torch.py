@@ -37,13 +37,16 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def test_a_config_without_the_checked_fields_goes_through_transformers(tiny_llama_dir, tmp_path):
+@pytest.mark.parametrize("field", ["num_hidden_layers", "intermediate_size"])
+def test_a_config_without_the_checked_fields_goes_through_transformers(tiny_llama_dir, tmp_path, field):
     target = _copy(tiny_llama_dir, tmp_path / "t")
     config = json.loads((target / "config.json").read_text())
-    del config["num_hidden_layers"]  # LlamaConfig's default (32) is what a stage would see
+    del config[field]  # LlamaConfig's default (32 layers, 11,008) is what a stage would see
     (target / "config.json").write_text(json.dumps(config))
     got = target_config_for_checks(TargetSettings(model=str(target)))
-    assert not isinstance(got, JsonConfig) and num_layers(got) == 32
+    assert not isinstance(got, JsonConfig) and getattr(got, field) == {"num_hidden_layers": 32,
+                                                                       "intermediate_size": 11008}[field]
+    assert weight_bytes(got).params > 0  # the fit estimate reads it
 
 
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"vocab_size": true, "num_hidden_layers": 2}'])
