@@ -28,7 +28,12 @@
 #        speculators' last epoch 155 s, ours at 32,768 127 s (generate and extract adopted with --reuse-from), the
 #        final points (21-65 s each), the 64,000 curve's step 200; 101 s of the session left.
 #   Not yet on one target: speculators at 32,768 (~280 s) and the curves' intermediate points. All four cells with
-#   final points alone need ~1,800 s: the whole session with no slack.
+#   final points alone need ~1,750 s (machine start ~118 s included): the whole session with no slack. Since then
+#   the preflight imports no torch (each eagle3ctl call's start-up; unmeasured on the device) and prep runs vocab
+#   and extract in one call. A plan for the four cells (same flags as above; no intermediate curve points):
+#     1. quality 575 target,spec_warm,prep,spec_data        target 278, generate ~150, vocab + extract ~90
+#     2. quality 590 spec_data,ours_v64000,spec_v64000,curve  ~50 + 152 + ~300 + the two final points
+#     3. quality <rest> ours_v32768,spec_v32768,curve,plot    127 + ~280 + the two final points
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
