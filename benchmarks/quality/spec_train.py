@@ -103,7 +103,8 @@ def merge_parts(earlier: dict | None, part: dict) -> dict:
     checkpoint in the next call, and each call measures only its own part. Wall seconds add up, peak
     memory is the highest part's, steady tokens/s is the parts' mean weighted by their logged steps."""
     keys = ("wall_seconds", "peak_memory_gib", "steady_tokens_per_s", "logged_steps", "last_step")
-    parts = [*(earlier or {}).get("parts", []), {k: part.get(k) for k in keys}]
+    before = [] if earlier is None else earlier.get("parts") or [{k: earlier.get(k) for k in keys}]  # one part so far
+    parts = [*before, {k: part.get(k) for k in keys}]
     rated = [p for p in parts if p["steady_tokens_per_s"] and p["logged_steps"]]
     weight = sum(p["logged_steps"] for p in rated)
     peaks = [p["peak_memory_gib"] for p in parts if p["peak_memory_gib"] is not None]

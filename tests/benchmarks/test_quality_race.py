@@ -115,5 +115,6 @@ def test_a_speculators_training_cut_by_a_deadline_reports_both_parts():
     assert both["wall_seconds"] == 346.9 and both["peak_memory_gib"] == 25.926 and both["last_step"] == 1001
     assert both["steady_tokens_per_s"] == round((81366.6 * 153 + 81714.9 * 49) / 202, 1)
     assert [p["last_step"] for p in both["parts"]] == [761, 1001] and both["final_train_metrics"] == {"loss": 1.34}
+    assert merge(cut, resumed)["wall_seconds"] == 346.9  # an earlier part written without "parts" is one part
     unrated = merge(None, {**resumed, "steady_tokens_per_s": None, "peak_memory_gib": None})  # a CPU --dry-run
     assert unrated["steady_tokens_per_s"] is None and unrated["peak_memory_gib"] is None
