@@ -27,7 +27,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from eagle3.drafter.adapter import EXPORT_KEYS
 from eagle3.drafter.flex import pack_block_lists
 from eagle3.drafter.loss import TTTObjective, chain_rates, row_counts
 from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
@@ -168,7 +167,7 @@ def _build(job: TrainJob, env: DistEnv) -> tuple[torch.nn.Module, TTTObjective]:
 
 def _full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v for k, v in sd.items() if k != "drafter.embed_tokens.weight"}
+    return {k: v for k, v in sd.items() if k != f"{ckpt_io.DRAFTER_PREFIX}embed_tokens.weight"}
 
 
 def _gather_rng(env: DistEnv) -> list[dict[str, Any]]:
@@ -375,8 +374,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
         stats.update({f"final_{k}": v for k, v in last.items() if k.startswith(("loss_", "acc_"))})
     if log is not None:
         log.close()
-    return {"stats": stats, "state": {k.removeprefix("drafter."): v for k, v in final_sd.items() if k.removeprefix("drafter.") in EXPORT_KEYS},
-            "log": log, "profile": profiler.files()}
+    return {"stats": stats, "state": ckpt_io.drafter_weights(final_sd), "log": log, "profile": profiler.files()}
 
 
 def _adopt_latest(output: StageOutput) -> int | None:
