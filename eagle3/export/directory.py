@@ -81,6 +81,13 @@ def write_export(out_dir: Path, dcfg: DrafterConfig, weights: dict[str, torch.Te
     problems = export_problems(dcfg, weights, d2t, t2d, aux_ids)
     if problems:
         raise StageError(problems[0])
+    return write_checked_export(out_dir, dcfg, weights, d2t, t2d, aux_ids)
+
+
+def write_checked_export(out_dir: Path, dcfg: DrafterConfig, weights: dict[str, torch.Tensor], d2t: torch.Tensor,
+                         t2d: torch.Tensor, aux_ids: list[int]) -> dict[str, Any]:
+    """:func:`write_export` for pieces the caller already ran :func:`export_problems` on (the export stage,
+    which adds checks of its own against extract's index and the target)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = export_tensors(weights, d2t, t2d)
     save_file(tensors, str(out_dir / MODEL), metadata={"format": "pt"})

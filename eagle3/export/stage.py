@@ -4,7 +4,7 @@
 the drafter under the names vLLM's ``llama_eagle3.py`` maps (``fc.weight``,
 ``midlayer.*`` -> ``layers.0.*``, ``norm.weight``, ``lm_head.weight``), ``d2t`` (loaded as
 ``draft_id_to_target_id``) and ``t2d`` (skipped by vLLM, kept for SGLang and tools), written
-by :func:`eagle3.export.directory.write_export`.
+by :func:`eagle3.export.directory.write_checked_export` after its own checks.
 No ``embed_tokens``: both engines share the target's embedding when it is absent.
 The aux ids come from extract's index (what the drafter was trained on) and must agree
 with the drafter config; the drafter's position limit must not cut drafting short of the
@@ -24,7 +24,7 @@ from eagle3.drafter.adapter import CONFIG as DRAFTER_CONFIG
 from eagle3.drafter.adapter import WEIGHTS as DRAFTER_WEIGHTS, check_weights, expected_shapes
 from eagle3.drafter.model import DrafterConfig
 from eagle3.errors import ConfigError, StageError
-from eagle3.export.directory import CONFIG, FILES, MODEL, export_problems, write_export
+from eagle3.export.directory import CONFIG, FILES, MODEL, export_problems, write_checked_export
 from eagle3.export.vllm_config import ARCHITECTURE, position_limit_problem, target_max_positions
 from eagle3.extract.shards import INDEX
 from eagle3.manifest import Manifest, committed_key
@@ -109,7 +109,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if problems:
         raise StageError(problems[0])
     export_dir = ctx.scratch / "export"
-    stats = write_export(export_dir, dcfg, weights, d2t, t2d, aux_ids)
+    stats = write_checked_export(export_dir, dcfg, weights, d2t, t2d, aux_ids)
     for name in FILES:
         out.put_file(name, export_dir / name)
     return {**stats, "target_max_position_embeddings": target_max}
