@@ -127,19 +127,22 @@ def row_counts(loss_mask: Tensor, doc_ids: Tensor | None, steps: int) -> list[in
     return [int(teacher_needed(loss_mask).sum())] + counted.sum(dim=(1, 2)).tolist()
 
 
-def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor, count: int | None = None) -> tuple[Tensor, Tensor]:
+def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor, count: int | None = None,
+                   temperature: float = 1.0) -> tuple[Tensor, Tensor]:
     """Teacher logits of every position any TTT step is taught by, computed once per batch.
 
     Step k at row t is taught by z_{t+1+k} and counts iff loss_mask[t+2+k]: so position j
     is needed iff loss_mask[j+1], the same set for every step. → (logits [R0, N] in the
-    head's dtype, row_of [B·T] int64: the logits row of flat position j, or -1).
-    ``count``: R0 when already known (:func:`row_counts`).
+    head's dtype, divided by ``temperature``, row_of [B·T] int64: the logits row of flat
+    position j, or -1). ``count``: R0 when already known (:func:`row_counts`).
     """
     needed = teacher_needed(loss_mask)  # [B·T]
     idx = rows_where(needed, count)  # [R0]
     with torch.no_grad():
         f = final_hidden.flatten(0, 1).index_select(0, idx).to(teacher_head.dtype)  # [R0, Ht]
         logits = f @ teacher_head.T  # [R0, N]
+        if temperature != 1.0:
+            logits = logits / temperature
     row_of = torch.full((needed.numel(),), -1, dtype=torch.long, device=loss_mask.device)
     row_of[idx] = torch.arange(idx.numel(), device=loss_mask.device)
     return logits, row_of
@@ -229,16 +232,19 @@ def ttt_loss(
     doc_ids: Tensor | None = None,
     counts: list[int] | None = None,
     block_lists: tuple[Tensor, Any] | None = None,
+    temperature: float = 1.0,
 ) -> TTTResult:
     """input_ids [B, T], aux_hidden [B, T, 3Ht], final_hidden [B, T, Ht], loss_mask [B, T];
     teacher_head [N, Ht] = the target lm_head rows of the draft vocab; doc_ids [B, T] for
     packed rows (None: one sample per row); counts: :func:`row_counts` of the batch, when
     the caller has them (no host synchronisation per step); block_lists: the packed rows'
-    flex block lists made with the batch (:func:`eagle3.drafter.flex.pack_block_lists`)."""
+    flex block lists made with the batch (:func:`eagle3.drafter.flex.pack_block_lists`);
+    temperature: the teacher is softmax(z / temperature) over the draft vocab (below 1:
+    sharper, toward the target's top token)."""
     if counts is not None and len(counts) < steps + 1:
         raise ValueError(f"row counts for {len(counts) - 1} TTT steps, {steps} needed")
     cache = TTTCache(attention, doc_ids, steps, block_lists)
-    teacher, row_of = teacher_logits(teacher_head, final_hidden, loss_mask, None if counts is None else counts[0])
+    teacher, row_of = teacher_logits(teacher_head, final_hidden, loss_mask, None if counts is None else counts[0], temperature)
     hidden = drafter.project_aux(aux_hidden)  # [B, T, H]
     inputs = TTTInputs(input_ids, loss_mask, steps, doc_ids)
     kls, hits, rows = [], [], []
@@ -269,10 +275,11 @@ class TTTObjective(nn.Module):
     training; each falls back to eager if it cannot compile here)."""
 
     def __init__(self, drafter: Eagle3Drafter, steps: int, decay: float, chunk_rows: int | None = None, attention: str = "sdpa",
-                 compiled: bool = False) -> None:
+                 compiled: bool = False, temperature: float = 1.0) -> None:
         super().__init__()
         self.drafter = drafter
         self.steps, self.decay, self.chunk_rows, self.attention = steps, decay, chunk_rows, attention
+        self.temperature = temperature
         self.compiled = compiled
         if compiled:
             drafter.midlayer.compile()
@@ -298,6 +305,7 @@ class TTTObjective(nn.Module):
         r = ttt_loss(
             self.drafter, self.teacher_head, input_ids, aux_hidden, final_hidden, loss_mask,
             self.steps, self.decay, self.chunk_rows, self.attention, self.compiled, chain, doc_ids, counts, block_lists,
+            self.temperature,
         )
         if r.chain is not None:
             return r.loss, r.step_loss, r.step_acc, r.step_count, r.chain

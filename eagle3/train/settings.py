@@ -12,6 +12,12 @@ class TrainSettings(BaseModel):
 
     ttt_steps: int = Field(7, ge=1, description="Training-time-test steps unrolled per sample.")
     ttt_decay: float = Field(0.8, gt=0, le=1, description="Loss weight of step k is decay**k.")
+    teacher_temperature: float = Field(1.0, gt=0, description=(
+        "The drafter is taught softmax(z / T) of the target's logits z over the draft vocab. 1: the target's own "
+        "distribution, right for serving at any sampling temperature (rejection sampling accepts by min(p, q)). "
+        "Below 1 sharpens it toward the target's top token: for greedy serving (temperature 0, where a draft "
+        "token is accepted iff it is the target's argmax) the drafter's capacity goes to that agreement "
+        "(docs/benchmarks.md: the race at 0.25)."))
     epochs: float = Field(1.0, gt=0, description="Passes over the hidden-state shards.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
     batch_tokens: int = Field(16384, ge=1, description="Tokens per optimizer step per process.")

@@ -123,3 +123,49 @@ def test_chained_accuracy_counts_a_step_only_after_every_step_before_was_right()
         assert r.chain[2, k] == (preds[k] == preds[0])[both].sum() and r.chain[3, k] == both.sum()
         prior_right, prior_counted = prior_right & hit, prior_counted & counts[k]
     assert r.chain[1, 0] == r.step_count[0] and r.chain[2, 0] == r.step_count[0]
+
+
+def test_teacher_temperature_teaches_the_sharpened_target():
+    """temperature T: every step's loss and gradients equal autograd KL against softmax(z / T); the
+    accuracy (argmax agreement) is T's to leave alone; a T near 0 is cross-entropy on the target's argmax."""
+    from eagle3.drafter.model import TTTCache
+
+    target, ids, aux, final, _ = teacher_batch(b=2, t=20)
+    head = target.lm_head.weight.detach()[draft_ids()]
+    mask = torch.ones_like(ids, dtype=torch.uint8)
+    m = tiny_drafter()
+    params = [p for p in m.parameters() if p.requires_grad]
+    r = ttt_loss(m, head, ids, aux, final, mask, steps=3, decay=0.8, chunk_rows=6, temperature=0.25)
+    ours = torch.autograd.grad(r.loss, params)
+    cache, hidden, total, z = TTTCache("sdpa"), m.project_aux(aux), 0.0, final @ head.T
+    for k in range(3):
+        tokens, positions, counted = step_inputs(ids, mask, k)
+        hidden = m.step_hidden(tokens, hidden, positions, cache)
+        p = F.softmax(shift_left(z, 1 + k) / 0.25, -1)
+        kl = (p * (p.clamp_min(1e-30).log() - F.log_softmax(m.logits(hidden), -1))).sum(-1)[counted].mean()
+        torch.testing.assert_close(r.step_loss[k], kl.detach(), rtol=1e-4, atol=1e-6)
+        total = total + 0.8**k * kl
+    for a, b in zip(ours, torch.autograd.grad(total, params)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    plain = ttt_loss(m, head, ids, aux, final, mask, steps=3, chunk_rows=6)
+    torch.testing.assert_close(r.step_acc, plain.step_acc)
+    assert not torch.allclose(r.step_loss, plain.step_loss)
+    # T -> 0: the KL is the cross-entropy of the draft against the target's argmax (the teacher's entropy -> 0)
+    cold = ttt_loss(m, head, ids, aux, final, mask, steps=1, temperature=1e-4)
+    with torch.no_grad():
+        tokens, positions, counted = step_inputs(ids, mask, 0)
+        q = m.logits(m.step_hidden(tokens, m.project_aux(aux), positions, TTTCache("sdpa")))
+        ce = F.cross_entropy(q[counted], shift_left(z, 1).argmax(-1)[counted])
+    torch.testing.assert_close(cold.step_loss[0], ce, rtol=1e-4, atol=1e-5)
+
+
+def test_teacher_temperature_must_be_positive():
+    import pytest
+    from pydantic import ValidationError
+
+    from eagle3.train.settings import TrainSettings
+
+    assert TrainSettings(teacher_temperature=0.25).teacher_temperature == 0.25
+    for bad in (0, -1):
+        with pytest.raises(ValidationError, match="teacher_temperature"):
+            TrainSettings(teacher_temperature=bad)
