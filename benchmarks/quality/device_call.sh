@@ -34,6 +34,13 @@
 #     1. quality 575 target,spec_warm,prep,spec_data        target 278, generate ~150, vocab + extract ~90
 #     2. quality 590 spec_data,ours_v64000,spec_v64000,curve  ~50 + 152 + ~300 + the two final points
 #     3. quality <rest> ours_v32768,spec_v32768,curve,plot    127 + ~280 + the two final points
+#   Fifth session (2026-12-05), the greedy recipe: ours with train.teacher_temperature 0.25 against speculators with its
+#   default kl_div and, as the control, its ce loss (cross-entropy on the target's argmax), at 32,768 on one target:
+#     1. quality 575 target,spec_warm,prep,spec_data --draft-vocabs 32768 --sides ours,spec,specce \
+#          --teacher-temperature 0.25 --target-seconds 240 --train-steps 1000 --max-tokens 128
+#          (spec_warm compiles both of speculators' losses beside the target's training)
+#     2. ... quality 590 spec_warm,prep,spec_data,ours_v32768,spec_v32768,curve (same flags)
+#     3. ... quality <rest> specce_v32768,curve,plot (same flags)
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.

@@ -12,8 +12,10 @@ steps; a training cut by the deadline resumes from its newest checkpoint on the 
 4. per draft vocab V (``--draft-vocabs``), in order: ``ours_vV`` = run ``q-vV``'s train stage
    (generate + extract adopted from the first run by ``--reuse-from``: only vocab and train run),
    ``spec_vV`` = speculators on the same samples, vocab mapping, steps and tokens per step
-   (spec_train.py). Both for ``--train-steps`` optimizer steps; every checkpoint is copied aside
-   while they train (curve.Snapshots).
+   (spec_train.py), with its default loss for EAGLE-3 (kl_div); ``specce_vV`` (``--sides``)
+   = the same with its ``ce`` loss (cross-entropy on the target's argmax), the control for
+   ``--teacher-temperature`` below 1. Each for ``--train-steps`` optimizer steps; every
+   checkpoint is copied aside while they train (curve.Snapshots).
 5. ``curve``      every kept checkpoint of both systems exported and decoded by the evaluate stage's
    decoder on the same held-out prompts (curve.py); final checkpoints first, one file per point.
 6. ``plot``       acceptance vs steps (one PNG) and the summary (summarize.py): acceptance with
@@ -42,26 +44,36 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PORT = 8123
 FIXED_STEPS = ("target", "spec_warm", "prep", "spec_data")
+# The race's sides: the system each one trains, as the summary and the plot name it.
+SIDES = {"ours": "eagle3ctl", "spec": "speculators", "specce": "speculators (ce loss)"}
+SPEC_LOSS = {"spec": "kl_div", "specce": "ce"}  # speculators' --loss-fn per side (kl_div: its EAGLE-3 default)
+DEFAULT_SIDES = ("ours", "spec")
 
 
-def race_steps(vocabs: list[int]) -> list[str]:
+def race_steps(vocabs: list[int], sides: tuple[str, ...] = DEFAULT_SIDES) -> list[str]:
     """Every step in order: the per-vocab trainings interleave so the first vocab's race finishes first."""
-    return [*FIXED_STEPS, *(f"{side}_v{v}" for v in vocabs for side in ("ours", "spec")), "curve", "plot"]
+    return [*FIXED_STEPS, *(f"{side}_v{v}" for v in vocabs for side in sides), "curve", "plot"]
 
 
-def select_steps(text: str, vocabs: list[int]) -> list[str]:
-    """``--steps``: names, ``ours`` / ``spec`` for that side at every vocab, ``all`` for every step."""
-    every = race_steps(vocabs)
+def side_and_vocab(step: str) -> tuple[str, int] | None:
+    """A training step's side and draft vocab (``specce_v32768`` -> ("specce", 32768)); None for the others."""
+    side, sep, vocab = step.rpartition("_v")
+    return (side, int(vocab)) if sep and side in SIDES and vocab.isdigit() else None
+
+
+def select_steps(text: str, vocabs: list[int], sides: tuple[str, ...] = DEFAULT_SIDES) -> list[str]:
+    """``--steps``: names, a side's name (``ours``, ``spec``, ...) for that side at every vocab, ``all`` for every step."""
+    every = race_steps(vocabs, sides)
     wanted = set()
     for name in (s for s in text.split(",") if s):
         if name == "all":
             wanted.update(every)
-        elif name in ("ours", "spec"):
+        elif name in sides:
             wanted.update(s for s in every if s.startswith(name + "_v"))
         elif name in every:
             wanted.add(name)
         else:
-            raise SystemExit(f"--steps: unknown step {name!r}; steps are {', '.join(every)}, ours, spec, all")
+            raise SystemExit(f"--steps: unknown step {name!r}; steps are {', '.join(every)}, {', '.join(sides)}, all")
     return [s for s in every if s in wanted]
 
 
@@ -154,7 +166,8 @@ class Bench:
             # max_steps bounds training (and the cosine horizon); epochs only has to be large enough
             "train": {"epochs": 1000, "max_steps": a.train_steps, "batch_tokens": a.batch_tokens,
                       "max_seq_len": 2048, "lr": a.lr, "warmup_steps": a.warmup_steps, "ttt_steps": 7,
-                      "ttt_decay": 0.8, "checkpoint_every": a.checkpoint_every, "log_every": 5,
+                      "ttt_decay": 0.8, "teacher_temperature": a.teacher_temperature,
+                      "checkpoint_every": a.checkpoint_every, "log_every": 5,
                       "eval_fraction": 0.02, "weight_decay": 0.0, "compile": a.train_compile},
             "evaluate": {"prompts": str(self.work / "prompts_heldout.jsonl"), "num_prompts": a.eval_prompts,
                          "num_draft_tokens": a.draft_tokens, "max_new_tokens": a.eval_new_tokens,
@@ -281,7 +294,8 @@ class Bench:
         so the real run (same target shapes, drafter and draft vocab) finds every graph in the
         inductor cache; the weights do not matter, so ``target`` may be the untrained one. The
         trained drafter is thrown away; the seconds this took are kept as speculators' cold start,
-        per draft vocab (each compiles its own graphs: every vocab whose ``spec_v<V>`` step is asked for).
+        per draft vocab and loss (each compiles its own graphs: every speculators side's step asked for, or
+        every vocab of every speculators side in ``--sides`` when none is).
         """
         from spec_data import write_vocab
 
@@ -292,9 +306,9 @@ class Bench:
         target = target or self.work / "target"
         cfg = json.loads((target / "config.json").read_text())
         vocab, layers = cfg["vocab_size"], cfg["num_hidden_layers"]
-        warm = self.work / "spec_warm"
-        shutil.rmtree(warm, ignore_errors=True)
-        warm.mkdir(parents=True)
+        warm_dir = self.work / "spec_warm"
+        shutil.rmtree(warm_dir, ignore_errors=True)
+        warm_dir.mkdir(parents=True)
         g = torch.Generator().manual_seed(0)
         samples = []
         for i in range(24 if self.a.tiny else 96):
@@ -302,28 +316,33 @@ class Bench:
             ids = torch.randint(0, vocab, (n,), generator=g).tolist()
             samples.append((i, ids, [0] * (n // 2) + [1] * (n - n // 2)))
         data = from_lists(samples)
-        write_tokenized(warm / "tokenized.safetensors", data)
+        write_tokenized(warm_dir / "tokenized.safetensors", data)
         counts = torch.bincount(data.input_ids.long(), minlength=vocab)
-        save_vocab_mapping(warm / "vocab_mapping.safetensors", *build_vocab_mapping(counts, self.a.vocabs[0]))
+        save_vocab_mapping(warm_dir / "vocab_mapping.safetensors", *build_vocab_mapping(counts, self.a.vocabs[0]))
         aux = [str(i) for i in default_aux_layer_ids(layers)]
         t0 = time.monotonic()
         if self.sh([self.py, str(HERE / "spec_data.py"), "--target", str(target),
-                    "--tokenized", str(warm / "tokenized.safetensors"),
-                    "--vocab", str(warm / "vocab_mapping.safetensors"),
-                    "--aux-layer-ids", *aux, "--out", str(warm / "data")]) != 0:
+                    "--tokenized", str(warm_dir / "tokenized.safetensors"),
+                    "--vocab", str(warm_dir / "vocab_mapping.safetensors"),
+                    "--aux-layer-ids", *aux, "--out", str(warm_dir / "data")]) != 0:
             raise StepFailed("spec_data.py failed on the warm-up samples")
         t1 = time.monotonic()
         cold = {}
-        warm_vocabs = [v for v in self.a.vocabs if f"spec_v{v}" in self.steps] or self.a.vocabs
-        for v in warm_vocabs:  # each draft vocab is its own set of graphs (the head's and the loss's shapes)
-            if v != self.a.vocabs[0]:
-                write_vocab(*build_vocab_mapping(counts, v), warm / "data")
+        theirs = [s for s in self.a.sides if s in SPEC_LOSS]
+        asked = [sv for sv in map(side_and_vocab, self.steps) if sv and sv[0] in SPEC_LOSS]
+        warm = sorted(set(asked), key=lambda sv: self.a.vocabs.index(sv[1])) or [(s, v) for v in self.a.vocabs for s in theirs]
+        written = self.a.vocabs[0]
+        for side, v in warm:  # each draft vocab and loss is its own set of graphs (the head's and the loss's shapes)
+            if v != written:
+                write_vocab(*build_vocab_mapping(counts, v), warm_dir / "data")
+                written = v
             t2 = time.monotonic()
-            cmd = self.spec_train_cmd(warm / "data", warm / f"ckpt-{v}", warm / f"export-{v}", warm / f"train-{v}.json",
-                                      aux, ("--max-steps", "6"), target=target, vocab=v)
+            cmd = self.spec_train_cmd(warm_dir / "data", warm_dir / f"ckpt-{side}-{v}", warm_dir / f"export-{side}-{v}",
+                                      warm_dir / f"train-{side}-{v}.json", aux, ("--max-steps", "6"), target=target,
+                                      vocab=v, loss_fn=SPEC_LOSS[side])
             if self.sh(cmd, reserve_s=30, env=self.spec_env()) != 0:
-                raise StepFailed(f"speculators' warm-up training at draft vocab {v} failed")
-            cold[v] = round(time.monotonic() - t2, 1)
+                raise StepFailed(f"speculators' warm-up training ({SPEC_LOSS[side]}) at draft vocab {v} failed")
+            cold[f"{SPEC_LOSS[side]}_v{v}"] = round(time.monotonic() - t2, 1)
         return {"samples": len(samples), "data_seconds": round(t1 - t0, 1), "cold_train_seconds_6_steps": cold}
 
     # -- the race -----------------------------------------------------------------------
@@ -384,20 +403,20 @@ class Bench:
 
     def spec_train_cmd(self, data: Path, save: Path, export: Path, out_json: Path, aux: list[str],
                        extra: tuple[str, ...] = (), target: Path | None = None, vocab: int | None = None,
-                       epochs: int = 1) -> list[str]:
-        """speculators' trainer on ``data``, configured like our drafter (spec_train.py)."""
+                       epochs: int = 1, loss_fn: str = "kl_div") -> list[str]:
+        """speculators' trainer on ``data``, configured like our drafter (spec_train.py), with its ``loss_fn``."""
         a = self.a
         cmd = [self.py, str(HERE / "spec_train.py"), "--target", str(target or self.work / "target"),
                "--data", str(data), "--save", str(save), "--export", str(export), "--out-json", str(out_json),
                "--aux-layer-ids", *aux, "--draft-vocab-size", str(vocab or a.vocabs[0]), "--lr", str(a.lr),
-               "--warmup-steps", str(a.warmup_steps), "--epochs", str(epochs),
+               "--warmup-steps", str(a.warmup_steps), "--epochs", str(epochs), "--loss-fn", loss_fn,
                "--total-seq-len", str(a.batch_tokens), "--num-workers", "0" if a.tiny else "8"]
         if a.tiny:  # no GPU: speculators' trainer needs one; save its initialized drafter instead
             extra = ("--draft-attn-impl", "sdpa", "--dry-run", *extra)
             save.mkdir(parents=True, exist_ok=True)
         return cmd + (["--", *extra] if extra else [])
 
-    def step_spec(self, vocab: int) -> dict:
+    def step_spec(self, vocab: int, side: str = "spec") -> dict:
         from curve import Snapshots, spec_checkpoints
         from eagle3.vocab.mapping import load_vocab_mapping
         from spec_data import write_vocab
@@ -405,7 +424,7 @@ class Bench:
         run = self.run_id(vocab)
         if self.pipeline(vocab, "vocab") != 0:  # the same draft vocab as ours
             raise StepFailed(f"{run} vocab failed")
-        data, save = self.work / "spec_data", self.work / f"spec_ckpt_v{vocab}"
+        data, save = self.work / "spec_data", self.work / f"{side}_ckpt_v{vocab}"
         write_vocab(*load_vocab_mapping(self.committed(run, "vocab", "vocab_mapping.safetensors")), data)
         # speculators counts checkpoints in shares of an epoch and runs every epoch asked for (one step and a
         # validation each past --max-steps): epochs from an estimate of its steps per epoch that packing
@@ -415,10 +434,10 @@ class Bench:
         epochs = -(-self.a.train_steps // per_epoch)
         freq = min(1.0, self.a.checkpoint_every / per_epoch)
         extra = ("--max-steps", str(self.a.train_steps), "--checkpoint-freq", f"{freq:.4f}")
-        out_json = self.work / f"spec_train_v{vocab}.json"
-        cmd = self.spec_train_cmd(data, save, self.work / f"spec_export_v{vocab}", out_json, self.aux_ids(), extra,
-                                  vocab=vocab, epochs=epochs)
-        with Snapshots(lambda: spec_checkpoints(save), self.snapshots("spec", vocab)):
+        out_json = self.work / f"{side}_train_v{vocab}.json"
+        cmd = self.spec_train_cmd(data, save, self.work / f"{side}_export_v{vocab}", out_json, self.aux_ids(), extra,
+                                  vocab=vocab, epochs=epochs, loss_fn=SPEC_LOSS[side])
+        with Snapshots(lambda: spec_checkpoints(save), self.snapshots(side, vocab)):
             rc = self.sh(cmd, reserve_s=30, env=self.spec_env())
         if rc != 0:
             raise StepFailed(f"spec_train.py stopped (exit {rc}); speculators resumes from {save} on the next call")
@@ -426,14 +445,14 @@ class Bench:
         return {"train": {k: train.get(k) for k in ("steady_tokens_per_s", "wall_seconds", "peak_memory_gib", "last_step",
                                                     "mean_tokens_per_step", "final_train_metrics", "parts")},
                 "final_step": max((s for s, _ in spec_checkpoints(save)), default=None), "epochs": epochs,
-                "train_steps": self.a.train_steps}
+                "loss_fn": SPEC_LOSS[side], "train_steps": self.a.train_steps}
 
     def curve_points(self) -> list[tuple[int, str, int, Path]]:
         """(vocab, side, step, snapshot) of every trained side: each side's final step first, then the
         others by vocab (the first vocab's curve before the others')."""
         finals, rest = [], []
         for vocab in self.a.vocabs:
-            for side in ("ours", "spec"):
+            for side in self.a.sides:
                 if not self.done(f"{side}_v{vocab}"):
                     continue
                 from curve import snapshot_steps
@@ -481,7 +500,8 @@ class Bench:
 
         out: dict[int, dict[str, list[dict]]] = {}
         for vocab in self.a.vocabs:
-            for side, name in (("ours", "eagle3ctl"), ("spec", "speculators")):
+            for side in self.a.sides:
+                name = SIDES[side]
                 points = []
                 for p in sorted((self.work / "curve" / f"{side}-v{vocab}").glob("step-*.json")):
                     rep = json.loads(p.read_text())
@@ -498,7 +518,7 @@ class Bench:
         out: dict[int, dict[str, dict | None]] = {}
         for vocab in self.a.vocabs:
             out[vocab] = {}
-            for side in ("ours", "spec"):
+            for side in self.a.sides:
                 res = self.done(f"{side}_v{vocab}")
                 final = self.point_file(vocab, side, res["final_step"]) if res else None
                 out[vocab][side] = None if res is None else {
@@ -520,12 +540,12 @@ class Bench:
                      "spec_data": 20 if tiny else 60, "curve": 20 if tiny else 60, "plot": 5}
         needs = {"spec_warm": ("target",), "prep": ("target",), "spec_data": ("prep",), "curve": (), "plot": ()}
         for v in self.a.vocabs:
-            needs[f"ours_v{v}"] = ("prep",)
-            needs[f"spec_v{v}"] = ("spec_data",)
+            for side in self.a.sides:
+                needs[f"{side}_v{v}"] = ("spec_data",) if side in SPEC_LOSS else ("prep",)
         status = {}
         why_not = self.speculators_missing()
         if why_not:
-            theirs = [s for s in steps if s in ("spec_warm", "spec_data") or s.startswith("spec_v")]
+            theirs = [s for s in steps if s in ("spec_warm", "spec_data") or (side_and_vocab(s) or ("",))[0] in SPEC_LOSS]
             status.update(dict.fromkeys(theirs, why_not))
             steps = [s for s in steps if s not in theirs]
             self.log(why_not)
@@ -544,9 +564,10 @@ class Bench:
             if missing:
                 status[step] = f"skipped: needs {', '.join(missing)}"
                 continue
-            if step.startswith(("ours_", "spec_v")):
+            trains = side_and_vocab(step)
+            if trains:
                 self.join_warm(status)  # nothing else on the GPU while a system's training is timed
-            need = 30 if step.startswith(("ours_", "spec_v")) else estimates.get(step, 30)
+            need = 30 if trains else estimates.get(step, 30)
             if step != "plot" and self.left() < need:
                 status[step] = f"skipped: {self.left():.0f}s left, needs ~{need}s"
                 self.log(status[step])
@@ -554,10 +575,10 @@ class Bench:
             t0 = time.monotonic()
             self.log(f"step {step}")
             try:
-                if step.startswith("ours_v"):
-                    res = self.step_ours(int(step[6:]))
-                elif step.startswith("spec_v"):
-                    res = self.step_spec(int(step[6:]))
+                if trains and trains[0] == "ours":
+                    res = self.step_ours(trains[1])
+                elif trains:
+                    res = self.step_spec(trains[1], trains[0])
                 else:
                     res = {"target": lambda: self.step_target(warm_beside), "spec_warm": self.step_spec_warm,
                            "prep": self.step_prep, "spec_data": self.step_spec_data, "curve": self.step_curve,
@@ -575,7 +596,7 @@ class Bench:
     def write_summary(self, status: dict) -> dict:
         from summarize import summarize
 
-        summary = summarize(self.done("target"), self.sides(), status, vars(self.a))
+        summary = summarize(self.done("target"), self.sides(), status, vars(self.a), SIDES)
         summary["curves"] = self.curves()  # the plot's points ($OUT brings back few files)
         (self.out / "quality_race.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
@@ -590,7 +611,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, required=True, help="state kept between calls (e.g. /tmp/e3q)")
     ap.add_argument("--out", type=Path, required=True, help="where the summary and plot go ($OUT)")
     ap.add_argument("--budget-s", type=float, default=540)
-    ap.add_argument("--steps", default="all", help="step names, or ours / spec (every vocab), or all")
+    ap.add_argument("--steps", default="all", help="step names, or a side's name (its step at every vocab), or all")
+    ap.add_argument("--sides", default=",".join(DEFAULT_SIDES), help=f"the sides raced, of {', '.join(SIDES)} "
+                    "(specce: speculators with its ce loss, the control for --teacher-temperature below 1)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny target, few samples")
     ap.add_argument("--corpus-root", type=Path, default=None)
     ap.add_argument("--target-seconds", type=float, default=None, help="target training (default 270; tiny 8)")
@@ -604,6 +627,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(default 200; tiny 4)")
     ap.add_argument("--batch-tokens", type=int, default=16384, help="tokens per optimizer step (both systems)")
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--teacher-temperature", type=float, default=1.0, help="ours: train.teacher_temperature "
+                    "(below 1 sharpens the teacher for greedy decoding, which the evaluator measures)")
     ap.add_argument("--train-compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--warmup-steps", type=int, default=30)
     ap.add_argument("--eval-prompts", type=int, default=64)
@@ -615,6 +640,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(all of them by default: one batch per curve point)")
     ap.add_argument("--serve-batch", type=int, default=2048, help="stand-in server batch = generate's concurrency")
     a = ap.parse_args(argv)
+    a.sides = tuple(s for s in a.sides.split(",") if s)
+    if a.sides[:1] != ("ours",) or not set(a.sides) <= set(SIDES) or len(set(a.sides)) != len(a.sides):
+        raise SystemExit(f"--sides: ours first, then any of {', '.join(s for s in SIDES if s != 'ours')}, each once")
     a.vocabs = [int(v) for v in (a.draft_vocabs or ("512,1024,2048" if a.tiny else "16384,32768,64000")).split(",")]
     if a.train_steps is None:
         a.train_steps = 12 if a.tiny else 1200
@@ -627,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.tiny:
         a.batch_tokens = min(a.batch_tokens, 2048)
     sys.path.insert(0, str(HERE))
-    summary = Bench(a).run(select_steps(a.steps, a.vocabs))
+    summary = Bench(a).run(select_steps(a.steps, a.vocabs, a.sides))
     print(json.dumps(summary["headline"], indent=2, default=str))
     print(json.dumps(summary["status"], indent=2))
     return 0

@@ -7,7 +7,7 @@ propagate) to time its steps, and
 ``torch.cuda.max_memory_allocated`` for its peak memory. The drafter is configured like
 ours: one Llama layer of the target's width, residual from ``fc`` (no norm before the
 residual, no norm before ``fc``, no norm on the fed-back hidden), full attention, the
-same draft vocab (our d2t/t2d), TTT steps and decay, AdamW with the same LR, warmup and
+same draft vocab (our d2t/t2d), TTT steps and decay, its KL loss (or ``--loss-fn``), AdamW with the same LR, warmup and
 cosine schedule, the same tokens per step and epochs.
 
 Its final checkpoint (``<save>/<epoch>/model.safetensors``: ``layers.0.*`` names) is
@@ -56,7 +56,7 @@ def spec_argv(a: argparse.Namespace) -> list[str]:
         "--full-attention-indices", "0",
         "--ttt-steps", str(a.ttt_steps),
         "--ttt-step-loss-decay", str(a.ttt_decay),
-        "--loss-fn", "kl_div",
+        "--loss-fn", a.loss_fn,
         # Its default fused Triton loss breaks torch 2.11's dynamo inside its compiled forward
         # ("ListVariable ... already tracked for mutation", seen on the H200 run); eager works.
         "--loss-implementation", "eager",
@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-vocab-size", type=int, required=True)
     ap.add_argument("--ttt-steps", type=int, default=7)
     ap.add_argument("--ttt-decay", type=float, default=0.8)
+    ap.add_argument("--loss-fn", default="kl_div", help="speculators' --loss-fn (kl_div: its EAGLE-3 default; ce: "
+                    "cross-entropy on the target's argmax)")
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--warmup-steps", type=int, default=50)
     ap.add_argument("--epochs", type=int, default=2)

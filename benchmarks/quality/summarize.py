@@ -84,20 +84,21 @@ def ratio(name_a: str, a: float | None, name_b: str, b: float | None) -> float |
     return refused(missing) if missing else round(a / b, 3)  # type: ignore[operator]
 
 
-def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = None) -> dict[str, Any]:
+def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = None,
+                    theirs: str = "speculators") -> dict[str, Any]:
     """One draft vocab's race: each side's final acceptance (CI), training numbers, and the ratios.
 
     ``ours`` / ``spec``: {"final": evaluator report of the last checkpoint (None: not evaluated yet),
     "final_step", "train": {...}} or None. A side that trained fewer than ``steps`` optimizer steps
     counts as missing (a CPU ``--dry-run`` of speculators saves its untrained drafter: step 0). A
     side trained but not yet evaluated keeps its training numbers, so the throughput and memory
-    ratios come out of a call the deadline cut before the curve.
+    ratios come out of a call the deadline cut before the curve. ``theirs``: the other side's name.
     """
     out: dict[str, Any] = {}
     if ours and ours.get("draft_vocab_coverage") is not None:  # share of generated tokens the draft vocab holds
         out["draft_vocab_coverage"] = ours["draft_vocab_coverage"]
     trained, evaluated = {}, {}
-    for name, side in (("eagle3ctl", ours), ("speculators", spec)):
+    for name, side in (("eagle3ctl", ours), (theirs, spec)):
         if not side:
             out[name] = refused([name])
         elif steps is not None and (side.get("final_step") or 0) < steps:
@@ -108,25 +109,32 @@ def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = No
             out[name] = {"acceptance": acceptance_ci(side["final"]) if evaluated[name]
                          else refused([f"{name}'s evaluated final checkpoint"]),
                          "steps": side.get("final_step"), "train": side.get("train")}
-    if all(evaluated.get(n) for n in ("eagle3ctl", "speculators")):
+    if all(evaluated.get(n) for n in ("eagle3ctl", theirs)):
         out["acceptance_ratio"] = acceptance_ratio_ci(ours["final"], spec["final"]) or refused(["shared prompts"])
     else:
-        out["acceptance_ratio"] = refused([n for n in ("eagle3ctl", "speculators") if not evaluated.get(n)])
-    ot, st = trained.get("eagle3ctl", {}), trained.get("speculators", {})
-    out["throughput_ratio"] = ratio("eagle3ctl", ot.get("steady_tokens_per_s"), "speculators",
-                                    st.get("steady_tokens_per_s"))
-    out["peak_memory_ratio"] = ratio("eagle3ctl", ot.get("peak_memory_gib"), "speculators", st.get("peak_memory_gib"))
+        out["acceptance_ratio"] = refused([n for n in ("eagle3ctl", theirs) if not evaluated.get(n)])
+    ot, st = trained.get("eagle3ctl", {}), trained.get(theirs, {})
+    out["throughput_ratio"] = ratio("eagle3ctl", ot.get("steady_tokens_per_s"), theirs, st.get("steady_tokens_per_s"))
+    out["peak_memory_ratio"] = ratio("eagle3ctl", ot.get("peak_memory_gib"), theirs, st.get("peak_memory_gib"))
     return out
 
 
 def summarize(target: dict | None, variants: dict[int, dict[str, dict | None]], status: dict[str, str],
-              args: dict[str, Any]) -> dict:
-    """The JSON summary: target, per draft vocab the race, and what each step did."""
+              args: dict[str, Any], names: dict[str, str] | None = None) -> dict:
+    """The JSON summary: target, per draft vocab the race (``ours`` against ``spec``; each further
+    side, named in ``names``, against ours under ``vs``), and what each step did."""
     head: dict[str, Any] = {}
     if target:
         head["target"] = {k: target.get(k) for k in ("parameters", "train_tokens", "train_seconds", "heldout_loss",
                                                      "train_tokens_per_s")}
     head["goals"] = "acceptance ratio >= 1.1 with ci95 above 1.0; throughput ratio >= 1.5; peak memory ratio <= 1.0"
-    head["by_draft_vocab"] = {str(v): variant_summary(sides.get("ours"), sides.get("spec"), args.get("train_steps"))
-                              for v, sides in sorted(variants.items())}
+    head["by_draft_vocab"] = {}
+    for v, sides in sorted(variants.items()):
+        race = variant_summary(sides.get("ours"), sides.get("spec"), args.get("train_steps"))
+        others = {side: (names or {}).get(side, side) for side in sides if side not in ("ours", "spec")}
+        if others:
+            race["vs"] = {name: {key: val for key, val in variant_summary(sides.get("ours"), sides[side], args.get("train_steps"),
+                                                                  name).items() if key not in ("eagle3ctl", "draft_vocab_coverage")}
+                          for side, name in others.items()}
+        head["by_draft_vocab"][str(v)] = race
     return {"headline": head, "status": status, "args": args}

@@ -22,6 +22,14 @@ def test_steps_interleave_the_vocabs_and_expand_the_side_names():
     assert run_quality.select_steps("plot,spec,prep", [16384, 64000]) == ["prep", "spec_v16384", "spec_v64000", "plot"]
     with pytest.raises(SystemExit, match="unknown step 'train_ours'"):
         run_quality.select_steps("train_ours", [16384])
+    three = ("ours", "spec", "specce")  # --sides: speculators with its ce loss as a further side
+    assert run_quality.race_steps([32768], three)[4:7] == ["ours_v32768", "spec_v32768", "specce_v32768"]
+    assert run_quality.select_steps("spec", [32768], three) == ["spec_v32768"]  # not specce's step too
+    assert run_quality.select_steps("specce,curve", [32768], three) == ["specce_v32768", "curve"]
+    with pytest.raises(SystemExit, match="unknown step 'specce_v32768'"):
+        run_quality.select_steps("specce_v32768", [32768])  # not a side of this race
+    assert [run_quality.side_and_vocab(s) for s in ("specce_v32768", "ours_v64000", "spec_data", "plot")] == [
+        ("specce", 32768), ("ours", 64000), None, None]
 
 
 def _checkpoint(out: StageOutput, step: int, files=FILES) -> None:

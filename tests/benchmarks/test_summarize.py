@@ -98,3 +98,25 @@ def test_a_side_trained_but_not_evaluated_keeps_its_training_numbers():
     assert s["acceptance_ratio"] == "not reported: eagle3ctl, speculators missing"
     assert s["eagle3ctl"]["acceptance"] == "not reported: eagle3ctl's evaluated final checkpoint missing"
     assert s["eagle3ctl"]["train"]["steady_tokens_per_s"] == 300.0
+
+
+def test_a_further_side_is_raced_against_ours_under_its_own_name():
+    """--sides ours,spec,specce: speculators with its ce loss gets its own ratio against ours under "vs", named as
+    such in every refusal; the headline race (ours against speculators' default loss) is left as it was."""
+    ours = {"final": report({i: 2.4 for i in range(4)}), "final_step": 12, "train": {"steady_tokens_per_s": 300.0}}
+    spec = {"final": report({i: 2.0 for i in range(4)}), "final_step": 12, "train": {"steady_tokens_per_s": 100.0}}
+    ce = {"final": report({i: 2.2 for i in range(4)}), "final_step": 12, "train": {"steady_tokens_per_s": 120.0}}
+    names = {"ours": "eagle3ctl", "spec": "speculators", "specce": "speculators (ce loss)"}
+    head = summarize.summarize(None, {512: {"ours": ours, "spec": spec, "specce": ce}}, {}, {"train_steps": 12},
+                               names)["headline"]["by_draft_vocab"]["512"]
+    assert head["acceptance_ratio"]["ratio"] == 1.2 and head["throughput_ratio"] == 3.0
+    vs = head["vs"]["speculators (ce loss)"]
+    assert set(vs) == {"speculators (ce loss)", "acceptance_ratio", "throughput_ratio", "peak_memory_ratio"}
+    assert vs["acceptance_ratio"]["ratio"] == round(2.4 / 2.2, 4) and vs["throughput_ratio"] == 2.5
+    assert vs["speculators (ce loss)"]["acceptance"]["mean_acceptance_length"] == 2.2
+    cut = summarize.summarize(None, {512: {"ours": ours, "spec": spec, "specce": {**ce, "final_step": 6}}}, {},
+                              {"train_steps": 12}, names)["headline"]["by_draft_vocab"]["512"]["vs"]["speculators (ce loss)"]
+    assert cut["acceptance_ratio"] == "not reported: speculators (ce loss) missing"
+    assert cut["speculators (ce loss)"] == "not reported: speculators (ce loss) (trained 6 of 12 steps) missing"
+    alone = summarize.summarize(None, {512: {"ours": ours, "spec": spec}}, {}, {"train_steps": 12}, names)
+    assert "vs" not in alone["headline"]["by_draft_vocab"]["512"]
