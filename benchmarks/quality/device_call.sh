@@ -41,6 +41,9 @@
 #          (spec_warm compiles both of speculators' losses beside the target's training)
 #     2. ... quality 590 spec_warm,prep,spec_data,ours_v32768,spec_v32768,curve (same flags)
 #     3. ... quality <rest> specce_v32768,curve,plot (same flags)
+#   Ran on an H100: calls 1 (508 s) and 2 (542 s) as planned (ours 1.062x speculators' kl_div). The machine stopped
+#   answering during call 3 (388 s of device time, nothing back): the ce control is still to run. Next: the same three
+#   calls; then --teacher-temperature 0.1 --ttt-decay 0.6 (the CPU's best; --ttt-decay applies to both systems).
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
