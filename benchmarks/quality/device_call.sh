@@ -39,7 +39,7 @@
 #     1. quality 575 target,spec_warm,prep,spec_data --draft-vocabs 32768 --sides ours,spec,specce \
 #          --teacher-temperature 0.25 --target-seconds 240 --train-steps 1000 --max-tokens 128
 #          (spec_warm compiles both of speculators' losses beside the target's training)
-#     2. ... quality 590 spec_warm,prep,spec_data,ours_v32768,spec_v32768,curve (same flags)
+#     2. ... quality 585 spec_data,ours_v32768,spec_v32768,curve (same flags)
 #     3. ... quality <rest> specce_v32768,curve,plot (same flags)
 #   Ran on an H100: calls 1 (508 s) and 2 (542 s) as planned (ours 1.062x speculators' kl_div). The machine stopped
 #   answering during call 3 (388 s of device time, nothing back): the ce control is still to run. Next: the same three

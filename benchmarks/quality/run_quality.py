@@ -399,7 +399,7 @@ class Bench:
                           "steady_tokens_per_s": steady(records), "loop_tokens_per_s": stats.get("tokens_per_s"),
                           "peak_memory_gib": stats.get("peak_memory_gib"), "resumed_from_step": stats.get("resumed_from_step"),
                           "heldout_loss_0": stats.get("eval_loss_0"), "heldout_acc_0": stats.get("eval_acc_0")},
-                "final_step": stats.get("steps"), "train_steps": self.a.train_steps}
+                "final_step": stats.get("steps"), **self.recipe("ours")}
 
     def spec_train_cmd(self, data: Path, save: Path, export: Path, out_json: Path, aux: list[str],
                        extra: tuple[str, ...] = (), target: Path | None = None, vocab: int | None = None,
@@ -446,7 +446,25 @@ class Bench:
         return {"train": {k: train.get(k) for k in ("steady_tokens_per_s", "wall_seconds", "peak_memory_gib", "last_step",
                                                     "mean_tokens_per_step", "final_train_metrics", "parts")},
                 "final_step": max((s for s, _ in spec_checkpoints(save)), default=None), "epochs": epochs,
-                "loss_fn": SPEC_LOSS[side], "train_steps": self.a.train_steps}
+                **self.recipe(side)}
+
+    def recipe(self, side: str) -> dict:
+        """What a side's training result was trained with, beyond the data: a later call with other flags
+        must not take it as its own (run() names the difference instead)."""
+        own = {"teacher_temperature": self.a.teacher_temperature} if side == "ours" else {"loss_fn": SPEC_LOSS[side]}
+        return {"train_steps": self.a.train_steps, "ttt_decay": self.a.ttt_decay, **own}
+
+    def recipe_change(self, step: str) -> str | None:
+        """How the recipe of ``step``'s saved result differs from this call's flags (None: it does not; a result
+        saved before a setting was kept counts as that setting's default)."""
+        side = side_and_vocab(step)
+        if side is None:
+            return None
+        defaults = {"ttt_decay": 0.8, "teacher_temperature": 1.0, "loss_fn": "kl_div"}
+        saved = self.done(step) or {}
+        changed = [f"{k} {saved.get(k, defaults.get(k))} (now {v})" for k, v in self.recipe(side[0]).items()
+                   if saved.get(k, defaults.get(k)) != v]
+        return ", ".join(changed) or None
 
     def curve_points(self) -> list[tuple[int, str, int, Path]]:
         """(vocab, side, step, snapshot) of every trained side: each side's final step first, then the
@@ -554,9 +572,9 @@ class Bench:
             and not self.done("spec_warm")
         for step in steps:
             if self.done(step) and step not in ("curve", "plot"):  # curve adds the points still missing
-                trained = self.done(step).get("train_steps")
-                status[step] = "done earlier" if trained in (None, self.a.train_steps) else (
-                    f"done earlier with --train-steps {trained} (remove {self.work}/results/{step}.json to retrain)")
+                change = self.recipe_change(step)
+                status[step] = "done earlier" if change is None else (
+                    f"done earlier with {change} (remove {self.work}/results/{step}.json to retrain)")
                 continue
             if step == "spec_warm" and warm_beside:
                 status[step] = "running beside target" if self.warm is not None else self.warm_status

@@ -7,8 +7,8 @@ propagate) to time its steps, and
 ``torch.cuda.max_memory_allocated`` for its peak memory. The drafter is configured like
 ours: one Llama layer of the target's width, residual from ``fc`` (no norm before the
 residual, no norm before ``fc``, no norm on the fed-back hidden), full attention, the
-same draft vocab (our d2t/t2d), TTT steps and decay, its KL loss (or ``--loss-fn``), AdamW with the same LR, warmup and
-cosine schedule, the same tokens per step and epochs.
+same draft vocab (our d2t/t2d), TTT steps and decay, its KL loss (or ``--loss-fn``), AdamW
+with the same LR, warmup and cosine schedule, the same tokens per step and epochs.
 
 Its final checkpoint (``<save>/<epoch>/model.safetensors``: ``layers.0.*`` names) is
 written as our export directory (``config.json`` + ``model.safetensors`` with

@@ -126,3 +126,26 @@ def test_a_speculators_training_cut_by_a_deadline_reports_both_parts():
     assert merge(cut, resumed)["wall_seconds"] == 346.9  # an earlier part written without "parts" is one part
     unrated = merge(None, {**resumed, "steady_tokens_per_s": None, "peak_memory_gib": None})  # a CPU --dry-run
     assert unrated["steady_tokens_per_s"] is None and unrated["peak_memory_gib"] is None
+
+
+def test_a_saved_training_of_another_recipe_is_named_not_taken(tmp_path):
+    """A call with other recipe flags must not report a training saved under the old ones as its own: run()
+    names the difference. A result saved before a setting was kept counts as that setting's default."""
+    import argparse
+
+    def bench(**flags):
+        a = argparse.Namespace(work=tmp_path / "work", out=tmp_path / "out", budget_s=60, train_steps=1000, ttt_decay=0.8,
+                               teacher_temperature=1.0, sides=("ours", "spec", "specce"), vocabs=[32768], tiny=True)
+        vars(a).update(flags)
+        return run_quality.Bench(a)
+
+    b = bench(teacher_temperature=0.25)
+    b.save("ours_v32768", {"final_step": 1000, **b.recipe("ours")})
+    b.save("specce_v32768", {"final_step": 1000, **b.recipe("specce")})
+    b.save("spec_v32768", {"final_step": 1000, "train_steps": 1000})  # saved before the recipe was kept
+    assert b.recipe("specce") == {"train_steps": 1000, "ttt_decay": 0.8, "loss_fn": "ce"}
+    assert [b.recipe_change(s) for s in ("ours_v32768", "spec_v32768", "specce_v32768", "plot")] == [None] * 4
+    later = bench(teacher_temperature=0.1, ttt_decay=0.6)
+    assert later.recipe_change("ours_v32768") == "ttt_decay 0.8 (now 0.6), teacher_temperature 0.25 (now 0.1)"
+    assert later.recipe_change("spec_v32768") == "ttt_decay 0.8 (now 0.6)"  # both systems get the decay
+    assert bench(train_steps=1200).recipe_change("specce_v32768") == "train_steps 1000 (now 1200)"
