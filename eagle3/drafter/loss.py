@@ -142,7 +142,7 @@ def teacher_logits(teacher_head: Tensor, final_hidden: Tensor, loss_mask: Tensor
         f = final_hidden.flatten(0, 1).index_select(0, idx).to(teacher_head.dtype)  # [R0, Ht]
         logits = f @ teacher_head.T  # [R0, N]
         if temperature != 1.0:
-            logits = logits / temperature
+            logits.div_(temperature)  # in place: a second [R0, N] buffer would be ~1 GB at 16K rows x 32K vocab
     row_of = torch.full((needed.numel(),), -1, dtype=torch.long, device=loss_mask.device)
     row_of[idx] = torch.arange(idx.numel(), device=loss_mask.device)
     return logits, row_of
