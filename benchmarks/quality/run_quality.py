@@ -39,6 +39,7 @@ import urllib.request
 from pathlib import Path
 
 import torch
+from files import write_json
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -123,7 +124,7 @@ class Bench:
         return json.loads(p.read_text()) if p.exists() else None
 
     def save(self, step: str, result: dict) -> dict:
-        (self.work / "results" / f"{step}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        write_json(self.work / "results" / f"{step}.json", result)
         return result
 
     def objects(self):
@@ -506,7 +507,7 @@ class Bench:
             self.log(f"curve: {side} draft vocab {vocab} step {step}")
             report = evaluate_export(self.config(vocab), export)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"step": step, **report}, indent=1) + "\n")
+            write_json(path, {"step": step, **report}, indent=1)
             shutil.rmtree(export, ignore_errors=True)
             if step != self.done(f"{side}_v{vocab}")["final_step"]:
                 shutil.rmtree(snap)  # evaluated: ~0.2 GB a checkpoint at 64K vocab, and the disk holds two copies
@@ -617,7 +618,7 @@ class Bench:
 
         summary = summarize(self.done("target"), self.sides(), status, vars(self.a), SIDES)
         summary["curves"] = self.curves()  # the plot's points ($OUT brings back few files)
-        (self.out / "quality_race.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        write_json(self.out / "quality_race.json", summary)
         return summary
 
 

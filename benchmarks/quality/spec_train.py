@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from files import write_json
 
 
 class MetricsTap(logging.Handler):
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         **steady_tokens_per_s(tap.records),
     })
     result["export"] = export_ours(latest_checkpoint(a.save), a.target, a.aux_layer_ids, a.export)
-    a.out_json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(a.out_json, result)
     print(json.dumps({k: v for k, v in result.items() if k != "argv"}, indent=2), flush=True)
     return 0
 

@@ -149,3 +149,38 @@ def test_a_saved_training_of_another_recipe_is_named_not_taken(tmp_path):
     assert later.recipe_change("ours_v32768") == "ttt_decay 0.8 (now 0.6), teacher_temperature 0.25 (now 0.1)"
     assert later.recipe_change("spec_v32768") == "ttt_decay 0.8 (now 0.6)"  # both systems get the decay
     assert bench(train_steps=1200).recipe_change("specce_v32768") == "train_steps 1000 (now 1200)"
+
+
+def test_a_done_marker_killed_while_written_is_the_old_one_or_the_new_one(tmp_path):
+    """The race's result files decide what a later call skips: a process killed at any point of a write
+    leaves a file that parses (the last whole write), never half of one; a write that fails keeps the old."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    files = load("files")
+    path = tmp_path / "ours_v32768.json"
+    files.write_json(path, {"version": 0})
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys; sys.path.insert(0, sys.argv[1]); from files import write_json; from pathlib import Path\n"
+        "i = 0\n"
+        "while True:\n"
+        "    i += 1; write_json(Path(sys.argv[2]), {'version': i, 'rows': list(range(200_000))})\n"),
+        str(run_quality.HERE), str(path)])
+    time.sleep(1.5)
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    assert json.loads(path.read_text())["version"] >= 0  # whole: the old one or a later one
+
+    class Unwritable:
+        def __str__(self):
+            raise RuntimeError("not serializable")
+
+    files.write_json(path, {"version": "kept"})
+    with pytest.raises(RuntimeError):
+        files.write_json(path, {"version": Unwritable()})
+    assert json.loads(path.read_text()) == {"version": "kept"}
+    assert [p.name for p in tmp_path.iterdir() if p.name != path.name and not p.name.startswith(".")] == []
+    assert not any(p.name.endswith(f".{os.getpid()}.tmp") for p in tmp_path.iterdir())
