@@ -62,6 +62,12 @@ def side_and_vocab(step: str) -> tuple[str, int] | None:
     return (side, int(vocab)) if sep and side in SIDES and vocab.isdigit() else None
 
 
+def needs_speculators(step: str) -> bool:
+    """The steps that run speculators' code (its warm-up, its data, a speculators side's training)."""
+    trains = side_and_vocab(step)
+    return step in ("spec_warm", "spec_data") or (trains is not None and trains[0] in SPEC_LOSS)
+
+
 def select_steps(text: str, vocabs: list[int], sides: tuple[str, ...] = DEFAULT_SIDES) -> list[str]:
     """``--steps``: names, a side's name (``ours``, ``spec``, ...) for that side at every vocab, ``all`` for every step."""
     every = race_steps(vocabs, sides)
@@ -565,7 +571,7 @@ class Bench:
         status = {}
         why_not = self.speculators_missing()
         if why_not:
-            theirs = [s for s in steps if s in ("spec_warm", "spec_data") or (side_and_vocab(s) or ("",))[0] in SPEC_LOSS]
+            theirs = [s for s in steps if needs_speculators(s)]
             status.update(dict.fromkeys(theirs, why_not))
             steps = [s for s in steps if s not in theirs]
             self.log(why_not)
@@ -664,6 +670,8 @@ def main(argv: list[str] | None = None) -> int:
     a.sides = tuple(s for s in a.sides.split(",") if s)
     if a.sides[:1] != ("ours",) or not set(a.sides) <= set(SIDES) or len(set(a.sides)) != len(a.sides):
         raise SystemExit(f"--sides: ours first, then any of {', '.join(s for s in SIDES if s != 'ours')}, each once")
+    if not a.teacher_temperature > 0 or not 0 < a.ttt_decay <= 1:
+        raise SystemExit("--teacher-temperature must be above 0 and --ttt-decay in (0, 1] (the train stage's bounds)")
     a.vocabs = [int(v) for v in (a.draft_vocabs or ("512,1024,2048" if a.tiny else "16384,32768,64000")).split(",")]
     if a.train_steps is None:
         a.train_steps = 12 if a.tiny else 1200

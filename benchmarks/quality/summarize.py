@@ -129,12 +129,14 @@ def summarize(target: dict | None, variants: dict[int, dict[str, dict | None]], 
                                                      "train_tokens_per_s")}
     head["goals"] = "acceptance ratio >= 1.1 with ci95 above 1.0; throughput ratio >= 1.5; peak memory ratio <= 1.0"
     head["by_draft_vocab"] = {}
+    steps = args.get("train_steps")
     for v, sides in sorted(variants.items()):
-        race = variant_summary(sides.get("ours"), sides.get("spec"), args.get("train_steps"))
-        others = {side: (names or {}).get(side, side) for side in sides if side not in ("ours", "spec")}
-        if others:
-            race["vs"] = {name: {key: val for key, val in variant_summary(sides.get("ours"), sides[side], args.get("train_steps"),
-                                                                  name).items() if key not in ("eagle3ctl", "draft_vocab_coverage")}
-                          for side, name in others.items()}
+        race = variant_summary(sides.get("ours"), sides.get("spec"), steps)
+        for side in (s for s in sides if s not in ("ours", "spec")):
+            name = (names or {}).get(side, side)
+            control = variant_summary(sides.get("ours"), sides[side], steps, name)
+            for ours_only in ("eagle3ctl", "draft_vocab_coverage"):  # in the race above already
+                control.pop(ours_only, None)
+            race.setdefault("vs", {})[name] = control
         head["by_draft_vocab"][str(v)] = race
     return {"headline": head, "status": status, "args": args}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -184,3 +185,15 @@ def test_a_done_marker_killed_while_written_is_the_old_one_or_the_new_one(tmp_pa
     assert json.loads(path.read_text()) == {"version": "kept"}
     assert [p.name for p in tmp_path.iterdir() if p.name != path.name and not p.name.startswith(".")] == []
     assert not any(p.name.endswith(f".{os.getpid()}.tmp") for p in tmp_path.iterdir())
+
+
+def test_bad_recipe_flags_are_one_line_before_anything_runs(tmp_path, capsys):
+    base = ["--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--tiny", "--steps", "plot"]
+    for flags, said in ((["--teacher-temperature", "0"], "--teacher-temperature must be above 0"),
+                        (["--ttt-decay", "1.5"], "--ttt-decay in (0, 1]"),
+                        (["--sides", "spec,ours"], "--sides: ours first")):
+        with pytest.raises(SystemExit, match=re.escape(said)):
+            run_quality.main(base + flags)
+    assert not (tmp_path / "w").exists()  # refused before the work folder was made
+    assert [s for s in ("spec_warm", "spec_data", "specce_v512", "spec_v512", "ours_v512", "curve")
+            if run_quality.needs_speculators(s)] == ["spec_warm", "spec_data", "specce_v512", "spec_v512"]
