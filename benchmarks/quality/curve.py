@@ -29,9 +29,12 @@ from eagle3.train.checkpoint import drafter_weights, run_checkpoints
 from eagle3.vocab.mapping import load_vocab_mapping
 
 
-def our_checkpoints(store: ObjectStore, run: str) -> list[tuple[int, Path]]:
-    """Complete checkpoints of the run's train stage (file:// store: their folders in place)."""
-    return [(c.step, store.local_path(c.prefix)) for c in run_checkpoints(store, run)]
+def our_checkpoints(store: ObjectStore, run: str, not_under: str | None = None) -> list[tuple[int, Path]]:
+    """Complete checkpoints of the run's train stage (file:// store: their folders in place), less those
+    under ``not_under``: the committed training a retraining replaces, whose checkpoints run_checkpoints
+    lists until the new attempt's folder appears."""
+    return [(c.step, store.local_path(c.prefix)) for c in run_checkpoints(store, run)
+            if not_under is None or not c.prefix.startswith(f"{not_under}/")]
 
 
 def spec_checkpoints(save: Path) -> list[tuple[int, Path]]:

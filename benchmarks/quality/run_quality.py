@@ -149,6 +149,13 @@ class Bench:
             return loaded.manifest.stats
         return self.store / loaded.manifest.object_key(name)
 
+    def committed_prefix(self, run: str, stage: str) -> str | None:
+        """Where a committed stage's objects are (None: not committed)."""
+        from eagle3.manifest import read_manifest
+
+        loaded = read_manifest(self.objects(), run, stage)
+        return None if loaded is None else loaded.manifest.prefix
+
     # -- configs ----------------------------------------------------------------------
 
     def run_id(self, vocab: int) -> str:
@@ -385,17 +392,38 @@ class Bench:
     def snapshots(self, side: str, vocab: int) -> Path:
         return self.work / "snapshots" / f"{side}-v{vocab}"
 
+    def begin_training(self, side: str, vocab: int) -> None:
+        """A side's training of this call's recipe starts or resumes. What a training of another recipe left
+        (its snapshots and curve points, which a point already there is not evaluated again for, and
+        speculators' checkpoints, which it would resume from and stop at once) goes first: none of it is
+        this training's. The recipe is stamped before anything trains, so a cut training resumes."""
+        stamp, recipe = self.work / "recipes" / f"{side}-v{vocab}.json", self.recipe(side)
+        if stamp.exists() and json.loads(stamp.read_text()) != recipe:
+            left = [self.snapshots(side, vocab), self.work / "curve" / f"{side}-v{vocab}"]
+            if side != "ours":
+                left.append(self.work / f"{side}_ckpt_v{vocab}")
+            for path in left:
+                shutil.rmtree(path, ignore_errors=True)
+            self.log(f"{side} draft vocab {vocab}: retraining; removed what the {json.loads(stamp.read_text())} "
+                     "training left")
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        write_json(stamp, recipe)
+
     def step_ours(self, vocab: int) -> dict:
         from curve import Snapshots, our_checkpoints
         from summarize import steady
 
         run = self.run_id(vocab)
+        self.begin_training("ours", vocab)
         snaps = self.snapshots("ours", vocab)
         objects = self.objects()
-        with Snapshots(lambda: our_checkpoints(objects, run), snaps):
+        replaced = self.committed_prefix(run, "train")  # a training of another recipe, until the new one commits
+        with Snapshots(lambda: our_checkpoints(objects, run, not_under=replaced), snaps):
             rc = self.pipeline(vocab, "train")
         if rc != 0:
             raise StepFailed(f"{run} train stopped (exit {rc}); its checkpoint resumes it on the next call")
+        if replaced is not None and self.committed_prefix(run, "train") == replaced:
+            Snapshots(lambda: our_checkpoints(objects, run), snaps).poll()  # the pipeline kept it: same input key
         shutil.copyfile(self.committed(run, "train", "drafter_config.json"), snaps / "drafter_config.json")
         shutil.copyfile(self.committed(run, "vocab", "vocab_mapping.safetensors"), snaps / "vocab_mapping.safetensors")
         stats = self.committed(run, "train")
@@ -432,6 +460,7 @@ class Bench:
         run = self.run_id(vocab)
         if self.pipeline(vocab, "vocab") != 0:  # the same draft vocab as ours
             raise StepFailed(f"{run} vocab failed")
+        self.begin_training(side, vocab)
         data, save = self.work / "spec_data", self.work / f"{side}_ckpt_v{vocab}"
         write_vocab(*load_vocab_mapping(self.committed(run, "vocab", "vocab_mapping.safetensors")), data)
         # speculators counts checkpoints in shares of an epoch and runs every epoch asked for (one step and a

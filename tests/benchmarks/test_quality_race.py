@@ -55,6 +55,68 @@ def test_snapshots_keep_every_checkpoint_the_trainer_prunes(tmp_path):
     assert json.loads((dest / "step-0000004" / "state.json").read_text()) == {"step": 4}
 
 
+
+def test_a_retraining_snapshots_its_own_checkpoints_not_the_committed_ones_it_replaces(tmp_path):
+    """What made a device run report the old drafter as the new one: until the retraining's attempt folder
+    appears, run_checkpoints lists the committed training's checkpoints, and a step once snapshotted is never
+    taken again. Those of the committed output the retraining replaces are not listed."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    old = StageOutput(store, "q-v512", "train", "a" * 64, {})
+    old.begin()
+    for step in (8, 12):
+        _checkpoint(old, step)
+    old.commit({})
+    unfiltered = tmp_path / "unfiltered"  # the bug: the pipeline starting, the old step 12 is taken
+    curve.Snapshots(lambda: curve.our_checkpoints(store, "q-v512"), unfiltered, every_s=3600).poll()
+    assert (unfiltered / "step-0000012" / "model.safetensors").read_bytes() == b"w" * 12
+    dest = tmp_path / "snapshots"
+    snaps = curve.Snapshots(lambda: curve.our_checkpoints(store, "q-v512", not_under=old.prefix), dest, every_s=3600)
+    snaps.poll()
+    assert curve.snapshot_steps(dest) == []
+    new = StageOutput(store, "q-v512", "train", "b" * 64, {})
+    new.begin()
+    new.put_bytes(f"{step_dir(12)}/model.safetensors", b"new")
+    for name in FILES[1:]:
+        new.put_bytes(f"{step_dir(12)}/{name}", b"{}")
+    snaps.poll()
+    assert [(s, (p / "model.safetensors").read_bytes()) for s, p in curve.snapshot_steps(dest)] == [(12, b"new")]
+
+
+def test_a_retraining_of_another_recipe_starts_from_nothing_the_old_one_left(tmp_path):
+    """Removing a result to retrain with other flags: the old training's snapshots and curve points (a point
+    already there is not evaluated again) and speculators' checkpoints (it would resume from the last one
+    and stop at once) go; a training cut mid-way and resumed with the same recipe keeps all of them."""
+    import argparse
+
+    def bench(**flags):
+        a = argparse.Namespace(work=tmp_path / "work", out=tmp_path / "out", budget_s=60, train_steps=1000, ttt_decay=0.8,
+                               teacher_temperature=0.25, sides=("ours", "spec", "specce"), vocabs=[32768], tiny=True)
+        vars(a).update(flags)
+        return run_quality.Bench(a)
+
+    def leave(b, side):
+        paths = [b.snapshots(side, 32768) / "step-0001000", b.point_file(32768, side, 1000).parent]
+        if side != "ours":
+            paths.append(b.work / f"{side}_ckpt_v32768" / "3")
+        for p in paths:
+            p.mkdir(parents=True, exist_ok=True)
+            (p / "model.safetensors").write_bytes(b"old")
+        return paths
+
+    first, left = bench(), {}
+    for side in ("ours", "specce"):
+        first.begin_training(side, 32768)
+        left[side] = leave(first, side)
+        first.begin_training(side, 32768)  # resumed: same recipe
+        assert all(p.exists() for p in left[side])
+    later = bench(teacher_temperature=0.1, ttt_decay=0.6)
+    later.begin_training("ours", 32768)
+    assert [p.exists() for p in left["ours"] + left["specce"]] == [False, False, True, True, True]  # one side's
+    later.begin_training("specce", 32768)
+    assert not any(p.exists() for p in left["specce"])
+    assert json.loads((later.work / "recipes" / "ours-v32768.json").read_text())["teacher_temperature"] == 0.1
+
+
 def test_speculators_checkpoints_are_named_by_their_global_step(tmp_path):
     save = tmp_path / "spec_ckpt"
     (save / "0").mkdir(parents=True)
