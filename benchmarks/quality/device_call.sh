@@ -44,6 +44,11 @@
 #   Ran on an H100: calls 1 (508 s) and 2 (542 s) as planned (ours 1.062x speculators' kl_div). The machine stopped
 #   answering during call 3 (388 s of device time, nothing back): the ce control is still to run. Next: the same three
 #   calls; then --teacher-temperature 0.1 --ttt-decay 0.6 (the CPU's best; --ttt-decay applies to both systems).
+#   Sixth session (2026-12-05, H100): the same three calls, with specce_v32768 in call 2 and spec_v32768 in call 3
+#   (498 + 496 + 349 s): ours 1.026x kl_div, 0.993x ce (docs/benchmarks.md "The control"). A fourth call on the warm
+#   machine (375 s) retrained at --teacher-temperature 0.1 --ttt-decay 0.6: ce at decay 0.6 is valid, our final was the
+#   replaced training's checkpoint (fixed in 20f8a9e). Next: that call again: ours_v32768,specce_v32768,curve,plot
+#   after the three above (a retraining needs only its results/<step>.json removed).
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
