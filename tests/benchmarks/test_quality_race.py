@@ -55,7 +55,6 @@ def test_snapshots_keep_every_checkpoint_the_trainer_prunes(tmp_path):
     assert json.loads((dest / "step-0000004" / "state.json").read_text()) == {"step": 4}
 
 
-
 def test_a_retraining_snapshots_its_own_checkpoints_not_the_committed_ones_it_replaces(tmp_path):
     """What made a device run report the old drafter as the new one: until the retraining's attempt folder
     appears, run_checkpoints lists the committed training's checkpoints, and a step once snapshotted is never
