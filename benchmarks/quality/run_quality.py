@@ -496,10 +496,11 @@ class Bench:
         side = side_and_vocab(step)
         if side is None:
             return None
-        defaults = {"ttt_decay": 0.8, "teacher_temperature": 1.0, "loss_fn": "kl_div"}
+        from summarize import RECIPE_DEFAULTS
+
         saved = self.done(step) or {}
-        changed = [f"{k} {saved.get(k, defaults.get(k))} (now {v})" for k, v in self.recipe(side[0]).items()
-                   if saved.get(k, defaults.get(k)) != v]
+        changed = [f"{k} {saved.get(k, RECIPE_DEFAULTS[k])} (now {v})" for k, v in self.recipe(side[0]).items()
+                   if saved.get(k, RECIPE_DEFAULTS[k]) != v]
         return ", ".join(changed) or None
 
     def curve_points(self) -> list[tuple[int, str, int, Path]]:

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import random
 import statistics
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 DRAWS = 2000
 SEED = 0
+# What a training result was trained with beyond the data (run_quality.Bench.recipe), and what a result saved
+# before that was kept was trained with. The keys both systems take must match for an acceptance ratio.
+RECIPE_DEFAULTS: dict[str, Any] = {"train_steps": None, "ttt_decay": 0.8, "teacher_temperature": 1.0, "loss_fn": "kl_div"}
+MATCHED = ("ttt_decay",)  # train_steps: a side short of the race's steps counts as missing
 
 
 def steady(records: list[dict[str, Any]], key: str = "tokens_per_s", skip: float = 0.2,
@@ -74,6 +79,13 @@ def acceptance_ratio_ci(ours: dict, theirs: dict, draws: int = DRAWS, seed: int 
     return {"ratio": ratio_, "ci95": ci, "prompts": len(ids), "draws": draws}
 
 
+def recipe(result: dict, ours: bool) -> dict[str, Any]:
+    """A training result's recipe: the keys its side trains with (ours a teacher temperature, speculators a
+    loss), a key it lacks read as what results were trained with before it was kept."""
+    own = "teacher_temperature" if ours else "loss_fn"
+    return {k: result.get(k, RECIPE_DEFAULTS[k]) for k in ("train_steps", "ttt_decay", own)}
+
+
 def refused(missing: list[str]) -> str:
     return f"not reported: {', '.join(missing)} missing"
 
@@ -92,7 +104,8 @@ def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = No
     "final_step", "train": {...}} or None. A side that trained fewer than ``steps`` optimizer steps
     counts as missing (a CPU ``--dry-run`` of speculators saves its untrained drafter: step 0). A
     side trained but not yet evaluated keeps its training numbers, so the throughput and memory
-    ratios come out of a call the deadline cut before the curve. ``theirs``: the other side's name.
+    ratios come out of a call the deadline cut before the curve. Sides trained with different
+    :data:`MATCHED` settings get no acceptance ratio. ``theirs``: the other side's name.
     """
     out: dict[str, Any] = {}
     if ours and ours.get("draft_vocab_coverage") is not None:  # share of generated tokens the draft vocab holds
@@ -108,8 +121,12 @@ def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = No
             evaluated[name] = bool(side.get("final"))
             out[name] = {"acceptance": acceptance_ci(side["final"]) if evaluated[name]
                          else refused([f"{name}'s evaluated final checkpoint"]),
-                         "steps": side.get("final_step"), "train": side.get("train")}
-    if all(evaluated.get(n) for n in ("eagle3ctl", theirs)):
+                         "steps": side.get("final_step"), "recipe": recipe(side, name == "eagle3ctl"), "train": side.get("train")}
+    unmatched = [f"{k} {recipe(ours, True)[k]} vs {recipe(spec, False)[k]}" for k in MATCHED
+                 if ours and spec and recipe(ours, True)[k] != recipe(spec, False)[k]]
+    if unmatched:  # e.g. one side retrained with --ttt-decay, the other's result from an earlier call
+        out["acceptance_ratio"] = f"not reported: trained with different recipes ({', '.join(unmatched)})"
+    elif all(evaluated.get(n) for n in ("eagle3ctl", theirs)):
         out["acceptance_ratio"] = acceptance_ratio_ci(ours["final"], spec["final"]) or refused(["shared prompts"])
     else:
         out["acceptance_ratio"] = refused([n for n in ("eagle3ctl", theirs) if not evaluated.get(n)])

@@ -120,3 +120,21 @@ def test_a_further_side_is_raced_against_ours_under_its_own_name():
     assert cut["speculators (ce loss)"] == "not reported: speculators (ce loss) (trained 6 of 12 steps) missing"
     alone = summarize.summarize(None, {512: {"ours": ours, "spec": spec}}, {}, {"train_steps": 12}, names)
     assert "vs" not in alone["headline"]["by_draft_vocab"]["512"]
+
+
+def test_no_acceptance_ratio_between_sides_trained_with_different_decays():
+    """The sixth session's call 4 retrained ours and speculators' ce at TTT decay 0.6; speculators' kl_div kept its
+    decay-0.8 result from an earlier call, and the summary raced them as if matched. Now it names the difference;
+    each side's recipe is in the summary, a result saved before the recipe was kept read as the old defaults."""
+    final = report({i: 2.0 for i in range(4)})
+    ours = {"final": final, "final_step": 12, "train": {}, "train_steps": 12, "ttt_decay": 0.6, "teacher_temperature": 0.1}
+    ce = {"final": final, "final_step": 12, "train": {}, "train_steps": 12, "ttt_decay": 0.6, "loss_fn": "ce"}
+    old = {"final": final, "final_step": 12, "train": {}}  # saved before the recipe was kept: decay 0.8, kl_div
+    names = {"ours": "eagle3ctl", "spec": "speculators", "specce": "speculators (ce loss)"}
+    head = summarize.summarize(None, {512: {"ours": ours, "spec": old, "specce": ce}}, {}, {"train_steps": 12},
+                               names)["headline"]["by_draft_vocab"]["512"]
+    assert head["acceptance_ratio"] == "not reported: trained with different recipes (ttt_decay 0.6 vs 0.8)"
+    assert head["vs"]["speculators (ce loss)"]["acceptance_ratio"]["ratio"] == 1.0
+    assert head["speculators"]["recipe"] == {"train_steps": None, "ttt_decay": 0.8, "loss_fn": "kl_div"}
+    assert head["eagle3ctl"]["recipe"] == {"train_steps": 12, "ttt_decay": 0.6, "teacher_temperature": 0.1}
+    assert head["throughput_ratio"] == "not reported: eagle3ctl, speculators missing"  # no numbers, not refused for recipe
