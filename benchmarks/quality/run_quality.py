@@ -46,6 +46,7 @@ REPO = HERE.parents[1]
 PORT = 8123
 FIXED_STEPS = ("target", "spec_warm", "prep", "spec_data")
 # The race's sides: the system each one trains, as the summary and the plot name it.
+EVALUATOR_DEFAULTS = {"eval_prompts": 64, "eval_new_tokens": 96, "draft_tokens": 7}  # a point saved before they were kept
 SIDES = {"ours": "eagle3ctl", "spec": "speculators", "specce": "speculators (ce loss)"}
 SPEC_LOSS = {"spec": "kl_div", "specce": "ce"}  # speculators' --loss-fn per side (kl_div: its EAGLE-3 default)
 DEFAULT_SIDES = ("ours", "spec")
@@ -521,6 +522,22 @@ class Bench:
     def point_file(self, vocab: int, side: str, step: int) -> Path:
         return self.work / "curve" / f"{side}-v{vocab}" / f"step-{step:07d}.json"
 
+    def evaluator(self) -> dict:
+        """What a curve point's number depends on besides the drafter: the evaluator's settings."""
+        a = self.a
+        return {"eval_prompts": a.eval_prompts, "eval_new_tokens": a.eval_new_tokens, "draft_tokens": a.draft_tokens}
+
+    def point(self, vocab: int, side: str, step: int) -> dict | None:
+        """A curve point's report if it was evaluated as this call evaluates (None: not, or not yet): a call with
+        other --eval-prompts, --eval-new-tokens or --draft-tokens evaluates the final drafter again, and the
+        intermediate points it can no longer evaluate (their checkpoints are removed once evaluated) drop out of
+        the curve rather than mixing two evaluators in one plot or one ratio."""
+        path = self.point_file(vocab, side, step)
+        if not path.exists():
+            return None
+        report = json.loads(path.read_text())
+        return report if report.get("evaluator", EVALUATOR_DEFAULTS) == self.evaluator() else None
+
     def step_curve(self) -> dict:
         from curve import evaluate_export, export_our_checkpoint
         from spec_train import export_ours
@@ -528,7 +545,7 @@ class Bench:
         evaluated, t_point = 0, None
         for vocab, side, step, snap in self.curve_points():
             path = self.point_file(vocab, side, step)
-            if path.exists():
+            if self.point(vocab, side, step) is not None:
                 continue
             if t_point is not None and self.left() < 1.5 * t_point + 10:
                 raise StepFailed(f"deadline: {evaluated} points evaluated in this call, the rest next call")
@@ -543,7 +560,7 @@ class Bench:
             self.log(f"curve: {side} draft vocab {vocab} step {step}")
             report = evaluate_export(self.config(vocab), export)
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(path, {"step": step, **report}, indent=1)
+            write_json(path, {"step": step, "evaluator": self.evaluator(), **report}, indent=1)
             shutil.rmtree(export, ignore_errors=True)
             if step != self.done(f"{side}_v{vocab}")["final_step"]:
                 shutil.rmtree(snap)  # evaluated: ~0.2 GB a checkpoint at 64K vocab, and the disk holds two copies
@@ -560,7 +577,9 @@ class Bench:
                 name = SIDES[side]
                 points = []
                 for p in sorted((self.work / "curve" / f"{side}-v{vocab}").glob("step-*.json")):
-                    rep = json.loads(p.read_text())
+                    rep = self.point(vocab, side, int(p.stem.removeprefix("step-")))
+                    if rep is None:
+                        continue
                     ci = acceptance_ci(rep) or {}
                     points.append({"step": rep["step"], "mean_acceptance_length": rep.get("mean_acceptance_length"),
                                    "ci95": ci.get("ci95")})
@@ -576,9 +595,7 @@ class Bench:
             out[vocab] = {}
             for side in self.a.sides:
                 res = self.done(f"{side}_v{vocab}")
-                final = self.point_file(vocab, side, res["final_step"]) if res else None
-                out[vocab][side] = None if res is None else {
-                    **res, "final": json.loads(final.read_text()) if final is not None and final.exists() else None}
+                out[vocab][side] = None if res is None else {**res, "final": self.point(vocab, side, res["final_step"])}
         return out
 
     def step_plot(self) -> dict:

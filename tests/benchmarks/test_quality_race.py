@@ -258,3 +258,33 @@ def test_bad_recipe_flags_are_one_line_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "w").exists()  # refused before the work folder was made
     assert [s for s in ("spec_warm", "spec_data", "specce_v512", "spec_v512", "ours_v512", "curve")
             if run_quality.needs_speculators(s)] == ["spec_warm", "spec_data", "specce_v512", "spec_v512"]
+
+
+def test_curve_points_of_another_evaluator_are_not_mixed_in(tmp_path):
+    """A call with other --eval-prompts (the next session's plan) must not pair a final point decoded on 64 prompts
+    with one on 128, nor plot both on one curve: only points of this call's evaluator count, so the final drafter is
+    evaluated again and intermediate points no longer evaluable drop out. A point saved before the evaluator was
+    kept counts as the old defaults."""
+    import argparse
+
+    def bench(**flags):
+        a = argparse.Namespace(work=tmp_path / "work", out=tmp_path / "out", budget_s=60, train_steps=1000, ttt_decay=0.8,
+                               teacher_temperature=0.25, sides=("ours",), vocabs=[512], tiny=True, eval_prompts=64,
+                               eval_new_tokens=96, draft_tokens=7)
+        vars(a).update(flags)
+        return run_quality.Bench(a)
+
+    old = bench()
+    old.save("ours_v512", {"final_step": 1000, **old.recipe("ours")})
+    per_prompt = [{"id": i, "mean_acceptance_length": 3.0, "verify_steps": 10} for i in range(4)]
+    for step, evaluator in ((200, None), (1000, old.evaluator())):
+        path = old.point_file(512, "ours", step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        saved = {"step": step, "mean_acceptance_length": 3.0, "per_prompt": per_prompt}
+        path.write_text(json.dumps(saved if evaluator is None else {**saved, "evaluator": evaluator}))
+    assert [p["step"] for p in old.curves()[512]["eagle3ctl"]] == [200, 1000]  # no key: the old defaults
+    assert old.sides()[512]["ours"]["final"]["step"] == 1000
+    wider = bench(eval_prompts=128)
+    assert wider.point(512, "ours", 1000) is None and wider.curves() == {}
+    assert wider.sides()[512]["ours"]["final"] is None  # evaluated again by the curve step, not reused
+    assert wider.point_file(512, "ours", 1000).exists()  # kept: the old evaluator's point is not destroyed
