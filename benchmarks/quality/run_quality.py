@@ -45,8 +45,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PORT = 8123
 FIXED_STEPS = ("target", "spec_warm", "prep", "spec_data")
-# The race's sides: the system each one trains, as the summary and the plot name it.
 EVALUATOR_DEFAULTS = {"eval_prompts": 64, "eval_new_tokens": 96, "draft_tokens": 7}  # a point saved before they were kept
+# The race's sides: the system each one trains, as the summary and the plot name it.
 SIDES = {"ours": "eagle3ctl", "spec": "speculators", "specce": "speculators (ce loss)"}
 SPEC_LOSS = {"spec": "kl_div", "specce": "ce"}  # speculators' --loss-fn per side (kl_div: its EAGLE-3 default)
 DEFAULT_SIDES = ("ours", "spec")
