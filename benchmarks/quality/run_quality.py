@@ -399,14 +399,14 @@ class Bench:
         speculators' checkpoints, which it would resume from and stop at once) goes first: none of it is
         this training's. The recipe is stamped before anything trains, so a cut training resumes."""
         stamp, recipe = self.work / "recipes" / f"{side}-v{vocab}.json", self.recipe(side)
-        if stamp.exists() and json.loads(stamp.read_text()) != recipe:
+        stamped = json.loads(stamp.read_text()) if stamp.exists() else recipe
+        if stamped != recipe:
             left = [self.snapshots(side, vocab), self.work / "curve" / f"{side}-v{vocab}"]
             if side != "ours":
                 left.append(self.work / f"{side}_ckpt_v{vocab}")
             for path in left:
                 shutil.rmtree(path, ignore_errors=True)
-            self.log(f"{side} draft vocab {vocab}: retraining; removed what the {json.loads(stamp.read_text())} "
-                     "training left")
+            self.log(f"{side} draft vocab {vocab}: retraining; removed what the {stamped} training left")
         stamp.parent.mkdir(parents=True, exist_ok=True)
         write_json(stamp, recipe)
 
@@ -497,12 +497,10 @@ class Bench:
         side = side_and_vocab(step)
         if side is None:
             return None
-        from summarize import RECIPE_DEFAULTS
+        from summarize import recipe
 
-        saved = self.done(step) or {}
-        changed = [f"{k} {saved.get(k, RECIPE_DEFAULTS[k])} (now {v})" for k, v in self.recipe(side[0]).items()
-                   if saved.get(k, RECIPE_DEFAULTS[k]) != v]
-        return ", ".join(changed) or None
+        saved = recipe(self.done(step) or {}, ours=side[0] == "ours")
+        return ", ".join(f"{k} {saved[k]} (now {v})" for k, v in self.recipe(side[0]).items() if saved[k] != v) or None
 
     def curve_points(self) -> list[tuple[int, str, int, Path]]:
         """(vocab, side, step, snapshot) of every trained side: each side's final step first, then the

@@ -122,8 +122,8 @@ def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = No
             out[name] = {"acceptance": acceptance_ci(side["final"]) if evaluated[name]
                          else refused([f"{name}'s evaluated final checkpoint"]),
                          "steps": side.get("final_step"), "recipe": recipe(side, name == "eagle3ctl"), "train": side.get("train")}
-    unmatched = [f"{k} {recipe(ours, True)[k]} vs {recipe(spec, False)[k]}" for k in MATCHED
-                 if ours and spec and recipe(ours, True)[k] != recipe(spec, False)[k]]
+    mine, other = (recipe(ours, True), recipe(spec, False)) if ours and spec else ({}, {})
+    unmatched = [f"{k} {mine[k]} vs {other[k]}" for k in MATCHED if mine and mine[k] != other[k]]
     if unmatched:  # e.g. one side retrained with --ttt-decay, the other's result from an earlier call
         out["acceptance_ratio"] = f"not reported: trained with different recipes ({', '.join(unmatched)})"
     elif all(evaluated.get(n) for n in ("eagle3ctl", theirs)):
