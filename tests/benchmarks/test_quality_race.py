@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 
@@ -13,6 +14,15 @@ from eagle3.train.checkpoint import FILES, step_dir
 from tests.benchmarks.quality_modules import load
 
 run_quality, curve = load("run_quality"), load("curve")
+
+
+def _bench(tmp_path, **flags):
+    """A race's Bench over ``tmp_path`` with the race's flags, ``flags`` changed (nothing runs)."""
+    a = argparse.Namespace(work=tmp_path / "work", out=tmp_path / "out", budget_s=60, train_steps=1000, ttt_decay=0.8,
+                           teacher_temperature=1.0, sides=("ours", "spec", "specce"), vocabs=[32768], tiny=True,
+                           eval_prompts=64, eval_new_tokens=96, draft_tokens=7)
+    vars(a).update(flags)
+    return run_quality.Bench(a)
 
 
 def test_steps_interleave_the_vocabs_and_expand_the_side_names():
@@ -85,14 +95,6 @@ def test_a_retraining_of_another_recipe_starts_from_nothing_the_old_one_left(tmp
     """Removing a result to retrain with other flags: the old training's snapshots and curve points (a point
     already there is not evaluated again) and speculators' checkpoints (it would resume from the last one
     and stop at once) go; a training cut mid-way and resumed with the same recipe keeps all of them."""
-    import argparse
-
-    def bench(**flags):
-        a = argparse.Namespace(work=tmp_path / "work", out=tmp_path / "out", budget_s=60, train_steps=1000, ttt_decay=0.8,
-                               teacher_temperature=0.25, sides=("ours", "spec", "specce"), vocabs=[32768], tiny=True)
-        vars(a).update(flags)
-        return run_quality.Bench(a)
-
     def leave(b, side):
         paths = [b.snapshots(side, 32768) / "step-0001000", b.point_file(32768, side, 1000).parent]
         if side != "ours":
@@ -102,13 +104,13 @@ def test_a_retraining_of_another_recipe_starts_from_nothing_the_old_one_left(tmp
             (p / "model.safetensors").write_bytes(b"old")
         return paths
 
-    first, left = bench(), {}
+    first, left = _bench(tmp_path, teacher_temperature=0.25), {}
     for side in ("ours", "specce"):
         first.begin_training(side, 32768)
         left[side] = leave(first, side)
         first.begin_training(side, 32768)  # resumed: same recipe
         assert all(p.exists() for p in left[side])
-    later = bench(teacher_temperature=0.1, ttt_decay=0.6)
+    later = _bench(tmp_path, teacher_temperature=0.1, ttt_decay=0.6)
     later.begin_training("ours", 32768)
     assert [p.exists() for p in left["ours"] + left["specce"]] == [False, False, True, True, True]  # one side's
     later.begin_training("specce", 32768)
@@ -193,24 +195,16 @@ def test_a_speculators_training_cut_by_a_deadline_reports_both_parts():
 def test_a_saved_training_of_another_recipe_is_named_not_taken(tmp_path):
     """A call with other recipe flags must not report a training saved under the old ones as its own: run()
     names the difference. A result saved before a setting was kept counts as that setting's default."""
-    import argparse
-
-    def bench(**flags):
-        a = argparse.Namespace(work=tmp_path / "work", out=tmp_path / "out", budget_s=60, train_steps=1000, ttt_decay=0.8,
-                               teacher_temperature=1.0, sides=("ours", "spec", "specce"), vocabs=[32768], tiny=True)
-        vars(a).update(flags)
-        return run_quality.Bench(a)
-
-    b = bench(teacher_temperature=0.25)
+    b = _bench(tmp_path, teacher_temperature=0.25)
     b.save("ours_v32768", {"final_step": 1000, **b.recipe("ours")})
     b.save("specce_v32768", {"final_step": 1000, **b.recipe("specce")})
     b.save("spec_v32768", {"final_step": 1000, "train_steps": 1000})  # saved before the recipe was kept
     assert b.recipe("specce") == {"train_steps": 1000, "ttt_decay": 0.8, "loss_fn": "ce"}
     assert [b.recipe_change(s) for s in ("ours_v32768", "spec_v32768", "specce_v32768", "plot")] == [None] * 4
-    later = bench(teacher_temperature=0.1, ttt_decay=0.6)
+    later = _bench(tmp_path, teacher_temperature=0.1, ttt_decay=0.6)
     assert later.recipe_change("ours_v32768") == "ttt_decay 0.8 (now 0.6), teacher_temperature 0.25 (now 0.1)"
     assert later.recipe_change("spec_v32768") == "ttt_decay 0.8 (now 0.6)"  # both systems get the decay
-    assert bench(train_steps=1200).recipe_change("specce_v32768") == "train_steps 1000 (now 1200)"
+    assert _bench(tmp_path, train_steps=1200).recipe_change("specce_v32768") == "train_steps 1000 (now 1200)"
 
 
 def test_a_done_marker_killed_while_written_is_the_old_one_or_the_new_one(tmp_path):
@@ -265,16 +259,7 @@ def test_curve_points_of_another_evaluator_are_not_mixed_in(tmp_path):
     with one on 128, nor plot both on one curve: only points of this call's evaluator count, so the final drafter is
     evaluated again and intermediate points no longer evaluable drop out. A point saved before the evaluator was
     kept counts as the old defaults."""
-    import argparse
-
-    def bench(**flags):
-        a = argparse.Namespace(work=tmp_path / "work", out=tmp_path / "out", budget_s=60, train_steps=1000, ttt_decay=0.8,
-                               teacher_temperature=0.25, sides=("ours",), vocabs=[512], tiny=True, eval_prompts=64,
-                               eval_new_tokens=96, draft_tokens=7)
-        vars(a).update(flags)
-        return run_quality.Bench(a)
-
-    old = bench()
+    old = _bench(tmp_path, teacher_temperature=0.25, sides=("ours",), vocabs=[512])
     old.save("ours_v512", {"final_step": 1000, **old.recipe("ours")})
     per_prompt = [{"id": i, "mean_acceptance_length": 3.0, "verify_steps": 10} for i in range(4)]
     for step, evaluator in ((200, None), (1000, old.evaluator())):
@@ -284,7 +269,7 @@ def test_curve_points_of_another_evaluator_are_not_mixed_in(tmp_path):
         path.write_text(json.dumps(saved if evaluator is None else {**saved, "evaluator": evaluator}))
     assert [p["step"] for p in old.curves()[512]["eagle3ctl"]] == [200, 1000]  # no key: the old defaults
     assert old.sides()[512]["ours"]["final"]["step"] == 1000
-    wider = bench(eval_prompts=128)
+    wider = _bench(tmp_path, teacher_temperature=0.25, sides=("ours",), vocabs=[512], eval_prompts=128)
     assert wider.point(512, "ours", 1000) is None and wider.curves() == {}
     assert wider.sides()[512]["ours"]["final"] is None  # evaluated again by the curve step, not reused
     assert wider.point_file(512, "ours", 1000).exists()  # kept: the old evaluator's point is not destroyed
