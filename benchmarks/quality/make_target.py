@@ -292,8 +292,7 @@ def make_prompts(files: list[Path], n: int, seed: int, min_chars: int = 200, max
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     with open(path, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+        f.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def save_init(model, tokenizer, init_dir: Path) -> None:

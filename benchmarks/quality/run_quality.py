@@ -264,7 +264,8 @@ class Bench:
     def speculators_missing(self) -> str | None:
         """Why speculators' side cannot run in this Python (None: it can)."""
         if self._spec_probe is None:
-            probe = subprocess.run([self.py, "-c", "import speculators, datasets, pyarrow"], capture_output=True, text=True)
+            probe = subprocess.run([self.py, "-c", "import speculators, datasets, pyarrow"], capture_output=True, text=True,
+                                   check=False)
             self._spec_probe = "" if probe.returncode == 0 else (
                 f"skipped: speculators' side needs speculators 0.9.0, datasets and pyarrow "
                 f"({probe.stderr.strip().splitlines()[-1]}); device_call.sh installs them from .whl/")
@@ -365,9 +366,8 @@ class Bench:
     def step_prep(self) -> dict:
         """The first vocab's run up to its hidden states: generate (the stand-in server runs only for it), vocab, extract."""
         first = self.a.vocabs[0]
-        if not self.committed(self.run_id(first), "generate"):
-            if self.pipeline(first, "generate", need_server=True) != 0:
-                raise StepFailed("generate failed or was cut by the deadline (rerun: it resumes)")
+        if not self.committed(self.run_id(first), "generate") and self.pipeline(first, "generate", need_server=True) != 0:
+            raise StepFailed("generate failed or was cut by the deadline (rerun: it resumes)")
         if self.pipeline(first, "vocab", "extract") != 0:  # siblings in the DAG: both named
             raise StepFailed("vocab or extract failed or was cut by the deadline (rerun: it resumes)")
         return {st: self.committed(self.run_id(first), st) for st in ("generate", "vocab", "extract")}
@@ -455,8 +455,9 @@ class Bench:
 
     def step_spec(self, vocab: int, side: str = "spec") -> dict:
         from curve import Snapshots, spec_checkpoints
-        from eagle3.vocab.mapping import load_vocab_mapping
         from spec_data import write_vocab
+
+        from eagle3.vocab.mapping import load_vocab_mapping
 
         run = self.run_id(vocab)
         if self.pipeline(vocab, "vocab") != 0:  # the same draft vocab as ours

@@ -18,6 +18,7 @@ written as our export directory (``config.json`` + ``model.safetensors`` with
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import statistics
@@ -82,7 +83,7 @@ def steady_tokens_per_s(records: list[tuple[float, dict]], skip: float = 0.2) ->
     """Throughput between consecutive logged steps, after the first ``skip`` of them (compile, warm-up)."""
     train = [(t, r) for t, r in records if "train" in r and r.get("profile")]
     rates, per_step = [], []
-    for (t0, r0), (t1, r1) in zip(train, train[1:]):
+    for (t0, r0), (t1, r1) in itertools.pairwise(train):
         p = r1["profile"]
         tokens = p["tokens_per_s"] * p["step_ms"] / 1000.0
         per_step.append(tokens)
