@@ -49,6 +49,11 @@
 #   machine (375 s) retrained at --teacher-temperature 0.1 --ttt-decay 0.6: ce at decay 0.6 is valid, our final was the
 #   replaced training's checkpoint (fixed in 20f8a9e). Next: that call again: ours_v32768,specce_v32768,curve,plot
 #   after the three above (a retraining needs only its results/<step>.json removed).
+#   Seventh session (2026-12-06, H100): those calls with --teacher-temperature 0.1 --ttt-decay 0.6 --eval-prompts 128
+#   --eval-batch 128; three failed starts cost 466 s, so calls 1-2 raced --sides ours,specce (555 + 580 s budgets, 483
+#   + 463 s used) and call 3 (325) trained spec_v32768 with the rest: ours 1.076x kl_div, 1.032x ce, both intervals
+#   above 1.0 (docs/benchmarks.md "Every side at TTT decay 0.6"). Next: the same with --sides ours,spec,specce in all
+#   three calls (575, 585, 590) on a fresh target, to see whether the lead repeats across trainings.
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
