@@ -111,7 +111,9 @@ def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = No
     if ours and ours.get("draft_vocab_coverage") is not None:  # share of generated tokens the draft vocab holds
         out["draft_vocab_coverage"] = ours["draft_vocab_coverage"]
     trained, evaluated = {}, {}
-    for name, side in (("eagle3ctl", ours), (theirs, spec)):
+    sides = (("eagle3ctl", ours), (theirs, spec))
+    recipes = {name: recipe(side, name == "eagle3ctl") for name, side in sides if side}
+    for name, side in sides:
         if not side:
             out[name] = refused([name])
         elif steps is not None and (side.get("final_step") or 0) < steps:
@@ -121,9 +123,9 @@ def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = No
             evaluated[name] = bool(side.get("final"))
             out[name] = {"acceptance": acceptance_ci(side["final"]) if evaluated[name]
                          else refused([f"{name}'s evaluated final checkpoint"]),
-                         "steps": side.get("final_step"), "recipe": recipe(side, name == "eagle3ctl"), "train": side.get("train")}
-    mine, other = (recipe(ours, True), recipe(spec, False)) if ours and spec else ({}, {})
-    unmatched = [f"{k} {mine[k]} vs {other[k]}" for k in MATCHED if mine and mine[k] != other[k]]
+                         "steps": side.get("final_step"), "recipe": recipes[name], "train": side.get("train")}
+    mine, other = recipes.get("eagle3ctl"), recipes.get(theirs)
+    unmatched = [f"{k} {mine[k]} vs {other[k]}" for k in MATCHED if mine and other and mine[k] != other[k]]
     if unmatched:  # e.g. one side retrained with --ttt-decay, the other's result from an earlier call
         out["acceptance_ratio"] = f"not reported: trained with different recipes ({', '.join(unmatched)})"
     elif all(evaluated.get(n) for n in ("eagle3ctl", theirs)):
