@@ -52,8 +52,13 @@
 #   Seventh session (2026-12-06, H100): those calls with --teacher-temperature 0.1 --ttt-decay 0.6 --eval-prompts 128
 #   --eval-batch 128; three failed starts cost 466 s, so calls 1-2 raced --sides ours,specce (555 + 580 s budgets, 483
 #   + 463 s used) and call 3 (325) trained spec_v32768 with the rest: ours 1.076x kl_div, 1.032x ce, both intervals
-#   above 1.0 (docs/benchmarks.md "Every side at TTT decay 0.6"). Next: the same with --sides ours,spec,specce in all
-#   three calls (575, 585, 590) on a fresh target, to see whether the lead repeats across trainings.
+#   above 1.0 (docs/benchmarks.md "Every side at TTT decay 0.6").
+#   Eighth session (2026-12-06, H100): the same flags with --sides ours,spec,specce in all three calls on a fresh target:
+#     1. quality 575 target,spec_warm,prep,spec_data     528 s
+#     2. quality 575 ours_v32768,specce_v32768,curve       510 s
+#     3. quality 580 spec_v32768,curve,plot                353 s (every curve point; 274 s of the session left)
+#   A tie: 0.999x kl_div, 0.987x ce (docs/benchmarks.md "The repeat on a fresh target"); ours moved 7 % between the
+#   two targets, speculators' kl_div 0.3 %.
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
