@@ -22,9 +22,7 @@ from torch import Tensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
     set_model_state_dict,
-    set_optimizer_state_dict,
 )
 
 from eagle3.drafter.flex import pack_block_lists
@@ -37,6 +35,7 @@ from eagle3.store import ObjectStore
 from eagle3.train import checkpoint as ckpt_io
 from eagle3.train.data import Batch, DataPlan
 from eagle3.train.metrics import MetricsLog
+from eagle3.train.optim import Optimizers
 from eagle3.train.prefetch import AheadOnDevice, Prefetcher
 from eagle3.train.profiling import StepProfiler
 from eagle3.train.schedule import lr_factor
@@ -228,12 +227,11 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
     wrapped, objective = _build(job, env)
     params = [p for p in objective.parameters() if p.requires_grad]
     fused = env.device.type == "cuda" and s.strategy != "fsdp"
-    optimizer = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, s.adam_beta2), fused=fused or None)
     per_epoch = job.plan.estimated_batches_per_epoch()
     horizon = math.ceil(s.epochs * per_epoch)
     if s.max_steps is not None:
         horizon = min(horizon, s.max_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda st: lr_factor(st, s.warmup_steps, horizon, s.min_lr_ratio))
+    optimizers = Optimizers(objective, s, lambda st: lr_factor(st, s.warmup_steps, horizon, s.min_lr_ratio), fused)
     dtype = torch.bfloat16 if env.device.type == "cuda" else torch.float32
     pad_to = 128 if env.device.type == "cuda" else 1
 
@@ -250,8 +248,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
     if latest is not None:
         ck = ckpt_io.load_checkpoint(job.store, job.stage_prefix, latest)
         set_model_state_dict(wrapped, ck.model, options=StateDictOptions(full_state_dict=True, strict=False))
-        set_optimizer_state_dict(wrapped, optimizer, ck.optim["optimizer"], options=StateDictOptions(full_state_dict=True))
-        scheduler.load_state_dict(ck.optim["scheduler"])
+        optimizers.load_state_dict(wrapped, ck.optim)
         if len(ck.rng) == env.world:
             ckpt_io.set_rng_state(ck.rng[env.rank])
         step, epoch, batch_idx, tokens_seen = ck.step, ck.state["epoch"], ck.state["batch_index"], ck.state["tokens"]
@@ -260,11 +257,11 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
 
     def save(step: int) -> None:
         model_sd = _full_model_state(wrapped)
-        optim_sd = get_optimizer_state_dict(wrapped, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        optim_sd = optimizers.state_dict(wrapped)
         rng = _gather_rng(env)
         if job.output is not None and log is not None:
             state = {"epoch": epoch, "batch_index": batch_idx, "tokens": tokens_seen, "world_size": env.world, "metrics": log.records}
-            ck = ckpt_io.Checkpoint(step, model_sd, {"optimizer": optim_sd, "scheduler": scheduler.state_dict()}, rng, state)
+            ck = ckpt_io.Checkpoint(step, model_sd, optim_sd, rng, state)
             ckpt_io.save_checkpoint(job.output, ck, job.scratch / "ckpt")
             _upload_metrics(job.output, log)
         if env.distributed:
@@ -329,10 +326,8 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
                 if hasattr(grad_norm, "full_tensor"):
                     grad_norm = grad_norm.full_tensor()
-                lr = scheduler.get_last_lr()[0]
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                lr = optimizers.lr
+                optimizers.step()
                 step, batch_idx = step + 1, batch_idx + 1
                 batch_tokens = int(_reduce(torch.tensor([b.tokens], device=env.device), env).item()) if env.distributed else b.tokens
                 tokens_seen += batch_tokens

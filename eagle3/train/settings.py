@@ -31,6 +31,14 @@ class TrainSettings(BaseModel):
     warmup_steps: int = Field(100, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     adam_beta2: float = Field(0.95, gt=0, lt=1, description="AdamW's second-moment decay (beta1 is 0.9).")
+    optimizer: str = Field("adamw", pattern="^(adamw|muon)$", description=(
+        "adamw: AdamW over every trained weight. muon: torch.optim.Muon (momentum orthogonalized by Newton-Schulz) "
+        "over the drafter layer's weight matrices, AdamW over the draft head and the norms: speculators' default "
+        "split. Muon's step is 0.2 lr in RMS (match_rms_adamw), AdamW's is up to lr early on, so Muon wants a larger "
+        "lr: in the CPU A/B (docs/benchmarks.md) its best was 2x AdamW's best, and 2 % more acceptance."))
+    muon_weight_decay: float = Field(0.1, ge=0, description="Muon's weight decay on its matrices (weight_decay "
+                                     "stays AdamW's); speculators' default.")
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's (Nesterov) momentum.")
     lm_head: str = Field("target", pattern="^(target-frozen|target|random)$", description=(
         "The draft head's start: the target's lm_head rows of the draft vocab, trained (target) or kept frozen "
         "(target-frozen, as speculators does: no head gradient to compute); or a random init (random). From "

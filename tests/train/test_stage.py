@@ -20,6 +20,7 @@ from transformers import AutoConfig
 
 from eagle3.context import run_stage
 from eagle3.drafter.adapter import load_drafter
+from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3.errors import StageError
 from eagle3.manifest import read_manifest, verify_stage
 from eagle3.store import open_store
@@ -152,10 +153,13 @@ class StopAtCall(StopFlag):
         return self
 
 
-def test_stop_then_rerun_continues_the_same_loss_trajectory(upstream, tmp_path, monkeypatch):
-    whole = run_stage(fresh_config(upstream, tmp_path / "a"), "train")
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_stop_then_rerun_continues_the_same_loss_trajectory(upstream, tmp_path, monkeypatch, optimizer):
+    # Muon's momentum and AdamW's moments (the head, the norms) both come back from the checkpoint,
+    # or the resumed steps would drift from the whole run's.
+    whole = run_stage(fresh_config(upstream, tmp_path / "a", **{"train.optimizer": optimizer}), "train")
     assert whole is not None
-    cfg = fresh_config(upstream, tmp_path / "b")
+    cfg = fresh_config(upstream, tmp_path / "b", **{"train.optimizer": optimizer})
     monkeypatch.setattr(train_stage, "StopFlag", lambda: StopAtCall(4))  # stop before the 4th step
     with pytest.raises(StageError, match="stopped on request at step 3"):
         run_stage(cfg, "train")
@@ -184,10 +188,8 @@ def test_sigterm_sets_the_stop_flag():
         flag.restore()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_torchrun_two_cpu_processes_over_gloo(upstream, tmp_path, strategy):
-    cfg = fresh_config(upstream, tmp_path, **{"train.max_steps": 2, "train.checkpoint_every": 2, "train.strategy": strategy})
+def torchrun_train(cfg: PipelineConfig, tmp_path: Path) -> None:
+    """The train stage in two CPU processes over gloo, as a pod's torchrun runs it."""
     conf = tmp_path / "cfg.yaml"
     conf.write_text(yaml.safe_dump(json.loads(cfg.model_dump_json())))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "EAGLE3_DEBUG": "1"}
@@ -200,6 +202,14 @@ def test_torchrun_two_cpu_processes_over_gloo(upstream, tmp_path, strategy):
         except subprocess.TimeoutExpired:
             rc = "timeout"
     assert rc == 0, log.read_text()[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("strategy", "optimizer"), [("ddp", "adamw"), ("fsdp", "adamw"), ("ddp", "muon")])
+def test_torchrun_two_cpu_processes_over_gloo(upstream, tmp_path, strategy, optimizer):
+    cfg = fresh_config(upstream, tmp_path, **{"train.max_steps": 2, "train.checkpoint_every": 2, "train.strategy": strategy,
+                                              "train.optimizer": optimizer})
+    torchrun_train(cfg, tmp_path)
     store = open_store(cfg.store.uri)
     m = read_manifest(store, "t", "train").manifest
     assert m.stats["world_size"] == 2 and m.stats["steps"] == 2 and m.stats["strategy"] == strategy
@@ -207,6 +217,31 @@ def test_torchrun_two_cpu_processes_over_gloo(upstream, tmp_path, strategy):
     assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
     torch.testing.assert_close(load_file(store.local_path(key_of(store, 't', "train", 'drafter.safetensors')))["fc.weight"].sum(),
                                load_file(store.local_path(key_of(store, 't', "train", 'checkpoints/step-0000002/model.safetensors')))["drafter.fc.weight"].sum())
+
+
+@pytest.mark.slow
+def test_muon_on_fsdp_shards_orthogonalizes_whole_matrices(upstream, tmp_path):
+    # Muon orthogonalizes each whole weight matrix; under FSDP every rank holds a row shard (a DTensor).
+    # Orthogonalizing each shard alone would step the weights elsewhere than DDP (whole matrices on every
+    # rank). The same math in bf16 in another order differs too: Newton-Schulz blows up the small singular
+    # directions of these low-rank first gradients, up to ~11 % of the step here.
+    trained, config = {}, None
+    for strategy in ("ddp", "fsdp"):
+        cfg = fresh_config(upstream, tmp_path / strategy, **{"train.max_steps": 2, "train.checkpoint_every": 2,
+                                                              "train.strategy": strategy, "train.optimizer": "muon"})
+        torchrun_train(cfg, tmp_path / strategy)
+        store = open_store(cfg.store.uri)
+        trained[strategy] = load_file(store.local_path(key_of(store, 't', "train", 'drafter.safetensors')))
+        config = json.loads(store.get_bytes(key_of(store, 't', "train", 'drafter_config.json')))
+    torch.manual_seed(0)  # train.seed: the initial weights, as the stage builds them
+    initial = Eagle3Drafter(DrafterConfig.from_dict(config)).state_dict()
+    matrices = [n for n, w in trained["ddp"].items() if w.ndim == 2 and n != "lm_head.weight" and n in initial]
+    assert "fc.weight" in matrices and len(matrices) >= 8
+    for name in matrices:
+        ddp, fsdp = (trained[s][name].float() - initial[name].float() for s in ("ddp", "fsdp"))
+        assert ddp.norm() > 0
+        assert ddp.norm() < 0.05 * initial[name].norm()  # two small steps from these initial weights
+        assert (fsdp - ddp).norm() / ddp.norm() < 0.25, name
 
 
 def test_a_stalled_chain_is_named_in_one_line():
