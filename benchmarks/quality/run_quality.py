@@ -181,7 +181,7 @@ class Bench:
             # max_steps bounds training (and the cosine horizon); epochs only has to be large enough
             "train": {"epochs": 1000, "max_steps": a.train_steps, "batch_tokens": a.batch_tokens,
                       "max_seq_len": 2048, "lr": a.lr, "warmup_steps": a.warmup_steps, "ttt_steps": 7,
-                      "ttt_decay": a.ttt_decay, "teacher_temperature": a.teacher_temperature,
+                      "ttt_decay": a.ttt_decay, "teacher_temperature": a.teacher_temperature, "optimizer": a.optimizer,
                       "checkpoint_every": a.checkpoint_every, "log_every": 5,
                       "eval_fraction": 0.02, "weight_decay": 0.0, "compile": a.train_compile},
             "evaluate": {"prompts": str(self.work / "prompts_heldout.jsonl"), "num_prompts": a.eval_prompts,
@@ -446,7 +446,7 @@ class Bench:
                "--data", str(data), "--save", str(save), "--export", str(export), "--out-json", str(out_json),
                "--aux-layer-ids", *aux, "--draft-vocab-size", str(vocab or a.vocabs[0]), "--lr", str(a.lr),
                "--warmup-steps", str(a.warmup_steps), "--epochs", str(epochs), "--loss-fn", loss_fn,
-               "--ttt-decay", str(a.ttt_decay),
+               "--ttt-decay", str(a.ttt_decay), "--optimizer", a.optimizer,
                "--total-seq-len", str(a.batch_tokens), "--num-workers", "0" if a.tiny else "8"]
         if a.tiny:  # no GPU: speculators' trainer needs one; save its initialized drafter instead
             extra = ("--draft-attn-impl", "sdpa", "--dry-run", *extra)
@@ -490,7 +490,8 @@ class Bench:
         """What a side's training result was trained with, beyond the data: a later call with other flags
         must not take it as its own (run() names the difference instead)."""
         own = {"teacher_temperature": self.a.teacher_temperature} if side == "ours" else {"loss_fn": SPEC_LOSS[side]}
-        return {"train_steps": self.a.train_steps, "ttt_decay": self.a.ttt_decay, **own}
+        return {"train_steps": self.a.train_steps, "ttt_decay": self.a.ttt_decay, "optimizer": self.a.optimizer,
+                "lr": self.a.lr, **own}
 
     def recipe_change(self, step: str) -> str | None:
         """How the recipe of ``step``'s saved result differs from this call's flags (None: it does not; a result
@@ -698,7 +699,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints = curve points "
                     "(default 200; tiny 4)")
     ap.add_argument("--batch-tokens", type=int, default=16384, help="tokens per optimizer step (both systems)")
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (both systems)")
+    ap.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw", help="both systems: AdamW, or Muon "
+                    "over the layer's matrices and AdamW over the head and norms (speculators' default; train.optimizer)")
     ap.add_argument("--ttt-decay", type=float, default=0.8, help="loss weight of TTT step k is decay**k (both systems)")
     ap.add_argument("--teacher-temperature", type=float, default=1.0, help="ours: train.teacher_temperature "
                     "(below 1 sharpens the teacher for greedy decoding, which the evaluator measures)")

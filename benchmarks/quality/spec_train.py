@@ -62,7 +62,7 @@ def spec_argv(a: argparse.Namespace) -> list[str]:
         # Its default fused Triton loss breaks torch 2.11's dynamo inside its compiled forward
         # ("ListVariable ... already tracked for mutation", seen on the H200 run); eager works.
         "--loss-implementation", "eager",
-        "--optimizer", "adamw",
+        "--optimizer", a.optimizer,  # muon: Muon over the matrices (its weight decay 0.1, as ours), AdamW the rest
         "--lr", str(a.lr),
         "--weight-decay", "0.0",
         "--scheduler-type", "cosine",
@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loss-fn", default="kl_div", help="speculators' --loss-fn (kl_div: its EAGLE-3 default; ce: "
                     "cross-entropy on the target's argmax)")
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw")
     ap.add_argument("--warmup-steps", type=int, default=50)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--total-seq-len", type=int, default=16384)

@@ -18,8 +18,10 @@ DRAWS = 2000
 SEED = 0
 # What a training result was trained with beyond the data (run_quality.Bench.recipe), and what a result saved
 # before that was kept was trained with. The keys both systems take must match for an acceptance ratio.
-RECIPE_DEFAULTS: dict[str, Any] = {"train_steps": None, "ttt_decay": 0.8, "teacher_temperature": 1.0, "loss_fn": "kl_div"}
-MATCHED = ("ttt_decay",)  # train_steps: a side short of the race's steps counts as missing
+RECIPE_DEFAULTS: dict[str, Any] = {"train_steps": None, "ttt_decay": 0.8, "optimizer": "adamw", "lr": 5e-4,
+                                   "teacher_temperature": 1.0, "loss_fn": "kl_div"}
+SHARED = ("train_steps", "ttt_decay", "optimizer", "lr")  # what both systems train with; then each its own key
+MATCHED = ("ttt_decay", "optimizer", "lr")  # train_steps: a side short of the race's steps counts as missing
 
 
 def steady(records: list[dict[str, Any]], key: str = "tokens_per_s", skip: float = 0.2,
@@ -83,7 +85,7 @@ def recipe(result: dict, ours: bool) -> dict[str, Any]:
     """A training result's recipe: the keys its side trains with (ours a teacher temperature, speculators a
     loss), a key it lacks read as what results were trained with before it was kept."""
     own = "teacher_temperature" if ours else "loss_fn"
-    return {k: result.get(k, RECIPE_DEFAULTS[k]) for k in ("train_steps", "ttt_decay", own)}
+    return {k: result.get(k, RECIPE_DEFAULTS[k]) for k in (*SHARED, own)}
 
 
 def refused(missing: list[str]) -> str:

@@ -19,7 +19,8 @@ run_quality, curve = load("run_quality"), load("curve")
 def _bench(tmp_path, **flags):
     """A race's Bench over ``tmp_path`` with the race's flags, ``flags`` changed (nothing runs)."""
     a = argparse.Namespace(work=tmp_path / "work", out=tmp_path / "out", budget_s=60, train_steps=1000, ttt_decay=0.8,
-                           teacher_temperature=1.0, sides=("ours", "spec", "specce"), vocabs=[32768], tiny=True,
+                           teacher_temperature=1.0, optimizer="adamw", lr=5e-4, sides=("ours", "spec", "specce"),
+                           vocabs=[32768], tiny=True,
                            eval_prompts=64, eval_new_tokens=96, draft_tokens=7)
     vars(a).update(flags)
     return run_quality.Bench(a)
@@ -199,12 +200,14 @@ def test_a_saved_training_of_another_recipe_is_named_not_taken(tmp_path):
     b.save("ours_v32768", {"final_step": 1000, **b.recipe("ours")})
     b.save("specce_v32768", {"final_step": 1000, **b.recipe("specce")})
     b.save("spec_v32768", {"final_step": 1000, "train_steps": 1000})  # saved before the recipe was kept
-    assert b.recipe("specce") == {"train_steps": 1000, "ttt_decay": 0.8, "loss_fn": "ce"}
+    assert b.recipe("specce") == {"train_steps": 1000, "ttt_decay": 0.8, "optimizer": "adamw", "lr": 5e-4, "loss_fn": "ce"}
     assert [b.recipe_change(s) for s in ("ours_v32768", "spec_v32768", "specce_v32768", "plot")] == [None] * 4
     later = _bench(tmp_path, teacher_temperature=0.1, ttt_decay=0.6)
     assert later.recipe_change("ours_v32768") == "ttt_decay 0.8 (now 0.6), teacher_temperature 0.25 (now 0.1)"
     assert later.recipe_change("spec_v32768") == "ttt_decay 0.8 (now 0.6)"  # both systems get the decay
     assert _bench(tmp_path, train_steps=1200).recipe_change("specce_v32768") == "train_steps 1000 (now 1200)"
+    # the optimizer and its peak lr go to both systems: a result saved before they were kept was AdamW at 5e-4
+    assert _bench(tmp_path, optimizer="muon", lr=2e-3).recipe_change("spec_v32768") == "optimizer adamw (now muon), lr 0.0005 (now 0.002)"
 
 
 def test_a_done_marker_killed_while_written_is_the_old_one_or_the_new_one(tmp_path):

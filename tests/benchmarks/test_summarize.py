@@ -135,6 +135,22 @@ def test_no_acceptance_ratio_between_sides_trained_with_different_decays():
                                names)["headline"]["by_draft_vocab"]["512"]
     assert head["acceptance_ratio"] == "not reported: trained with different recipes (ttt_decay 0.6 vs 0.8)"
     assert head["vs"]["speculators (ce loss)"]["acceptance_ratio"]["ratio"] == 1.0
-    assert head["speculators"]["recipe"] == {"train_steps": None, "ttt_decay": 0.8, "loss_fn": "kl_div"}
-    assert head["eagle3ctl"]["recipe"] == {"train_steps": 12, "ttt_decay": 0.6, "teacher_temperature": 0.1}
+    assert head["speculators"]["recipe"] == {"train_steps": None, "ttt_decay": 0.8, "optimizer": "adamw", "lr": 5e-4,
+                                             "loss_fn": "kl_div"}
+    assert head["eagle3ctl"]["recipe"] == {"train_steps": 12, "ttt_decay": 0.6, "optimizer": "adamw", "lr": 5e-4,
+                                           "teacher_temperature": 0.1}
     assert head["throughput_ratio"] == "not reported: eagle3ctl, speculators missing"  # no numbers, not refused for recipe
+
+
+def test_no_acceptance_ratio_between_sides_trained_with_different_optimizers():
+    """Muon against AdamW, or one peak lr against another, is a race of recipes, not of trainers."""
+    final = report({i: 2.0 for i in range(4)})
+    ours = {"final": final, "final_step": 12, "train": {}, "train_steps": 12, "optimizer": "muon", "lr": 2e-3}
+    spec = {"final": final, "final_step": 12, "train": {}, "train_steps": 12}  # saved before: AdamW at 5e-4
+    same = {**spec, "optimizer": "muon", "lr": 2e-3}
+    names = {"ours": "eagle3ctl", "spec": "speculators", "specce": "speculators (ce loss)"}
+    head = summarize.summarize(None, {512: {"ours": ours, "spec": spec, "specce": same}}, {}, {"train_steps": 12},
+                               names)["headline"]["by_draft_vocab"]["512"]
+    assert head["acceptance_ratio"] == ("not reported: trained with different recipes "
+                                        "(optimizer muon vs adamw, lr 0.002 vs 0.0005)")
+    assert head["vs"]["speculators (ce loss)"]["acceptance_ratio"]["ratio"] == 1.0
