@@ -58,7 +58,10 @@
 #     2. quality 575 ours_v32768,specce_v32768,curve       510 s
 #     3. quality 580 spec_v32768,curve,plot                353 s (every curve point; 274 s of the session left)
 #   A tie: 0.999x kl_div, 0.987x ce (docs/benchmarks.md "The repeat on a fresh target"); ours moved 7 % between the
-#   two targets, speculators' kl_div 0.3 %.
+#   two targets, speculators' kl_div 0.3 %. Next: ours' lr and optimizer swept on one target, --optimizer muon being
+#   speculators' default (docs/benchmarks.md "The optimizer"): call 1 as above; then per setting
+#   rm -f /tmp/e3q/results/ours_v32768.json; bash benchmarks/quality/device_call.sh quality 280 ours_v32768,curve \
+#     $FLAGS --lr 1e-3 --checkpoint-every 1000      (~135 s a setting: 95 s training, the final point)
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
