@@ -26,12 +26,13 @@ from torch.distributed.checkpoint.state_dict import (
 from eagle3.errors import StageError
 from eagle3.train.settings import TrainSettings
 
-HEAD = "lm_head.weight"
+VOCAB_MATRICES = ("lm_head.weight", "embed_tokens.weight")  # embedding-like: AdamW, as speculators splits
 
 
 def muon_matrix(name: str, param: torch.Tensor) -> bool:
-    """Whether Muon trains this parameter: a weight matrix other than the draft head."""
-    return param.ndim == 2 and not name.endswith(HEAD)
+    """Whether Muon trains this parameter: a weight matrix, not a vector stored as one ([1, N]: Muon
+    orthogonalizes matrices and fails on these under FSDP) and not the draft head or the embedding."""
+    return param.ndim == 2 and min(param.shape) > 1 and not name.endswith(VOCAB_MATRICES)
 
 
 class Optimizers:

@@ -17,8 +17,9 @@ class TrainSettings(BaseModel):
         "distribution, right for serving at any sampling temperature (rejection sampling accepts by min(p, q)). "
         "Below 1 sharpens it toward the target's top token: for greedy serving (temperature 0, where a draft "
         "token is accepted iff it is the target's argmax) the drafter's capacity goes to that agreement "
-        "(docs/benchmarks.md, issue 21's race: at 0.1-0.25, 1.03-1.08x speculators' default kl_div loss and "
-        "level with or up to 1.03x its ce loss, cross-entropy on the argmax, the T -> 0 end of the same idea)."))
+        "(docs/benchmarks.md, issue 21's race, four targets at 0.1-0.25: 1.00-1.08x speculators' default kl_div "
+        "loss, 1.04x on average, and 0.99-1.03x its ce loss, cross-entropy on the argmax, the T -> 0 end of the "
+        "same idea)."))
     epochs: float = Field(1.0, gt=0, description="Passes over the hidden-state shards.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
     batch_tokens: int = Field(16384, ge=1, description="Tokens per optimizer step per process.")

@@ -81,3 +81,13 @@ def test_unknown_optimizer_is_rejected_at_config_load():
 
     with pytest.raises(Exception, match="optimizer"):
         load_config(None, {"train.optimizer": "sgd"})
+
+
+def test_vectors_stored_as_matrices_and_embeddings_stay_on_adamw():
+    from eagle3.train.optim import muon_matrix
+
+    assert muon_matrix("drafter.fc.weight", torch.zeros(4, 12))
+    assert not muon_matrix("drafter.gate.weight", torch.zeros(1, 12))
+    assert not muon_matrix("drafter.embed_tokens.weight", torch.zeros(96, 32))
+    assert not muon_matrix("drafter.lm_head.weight", torch.zeros(48, 32))
+    assert not muon_matrix("drafter.norm.weight", torch.zeros(32))
