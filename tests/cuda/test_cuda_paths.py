@@ -135,7 +135,8 @@ def test_batched_decoding_equals_one_at_a_time_on_cuda(tiny_target_dir):
     assert max(a for r in expected for a in r.accept_lengths) > 1
 
 
-def test_train_stage_on_cuda_compiles_and_learns(tmp_path, tiny_target_dir, tiny_cache_dir, capfd):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])  # muon: torch.optim.Muon beside the fused AdamW
+def test_train_stage_on_cuda_compiles_and_learns(tmp_path, tiny_target_dir, tiny_cache_dir, capfd, optimizer):
     from safetensors.torch import save as save_safetensors
     from transformers import AutoConfig
 
@@ -148,7 +149,8 @@ def test_train_stage_on_cuda_compiles_and_learns(tmp_path, tiny_target_dir, tiny
 
     vocab = AutoConfig.from_pretrained(tiny_target_dir("llama")).vocab_size
     overrides = {**UPSTREAM, **TRAIN, "train.device": "cuda", "extract.device": "cuda", "train.max_steps": 30,
-                 "train.checkpoint_every": 10, "train.batch_tokens": 512, "train.max_seq_len": 64}
+                 "train.checkpoint_every": 10, "train.batch_tokens": 512, "train.max_seq_len": 64,
+                 "train.optimizer": optimizer}
     cfg = pipeline_config(tmp_path / "store", tiny_cache_dir, **overrides)
     samples = random_samples(80, lo=8, hi=60)
     counts = torch.zeros(vocab, dtype=torch.int64)
