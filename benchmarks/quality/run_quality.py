@@ -489,9 +489,10 @@ class Bench:
     def recipe(self, side: str) -> dict:
         """What a side's training result was trained with, beyond the data: a later call with other flags
         must not take it as its own (run() names the difference instead)."""
+        from summarize import SHARED
+
         own = {"teacher_temperature": self.a.teacher_temperature} if side == "ours" else {"loss_fn": SPEC_LOSS[side]}
-        return {"train_steps": self.a.train_steps, "ttt_decay": self.a.ttt_decay, "optimizer": self.a.optimizer,
-                "lr": self.a.lr, **own}
+        return {**{k: getattr(self.a, k) for k in SHARED}, **own}  # the flags are named as the recipe's keys
 
     def recipe_change(self, step: str) -> str | None:
         """How the recipe of ``step``'s saved result differs from this call's flags (None: it does not; a result

@@ -2,9 +2,10 @@
 
 ``adamw``: one AdamW over every trained weight. ``muon``: ``torch.optim.Muon`` (momentum
 orthogonalized by Newton-Schulz iterations) over the drafter's weight matrices, its step scaled
-to AdamW's update RMS (``match_rms_adamw``) so that ``lr`` means the same for both; AdamW over
-the rest: the draft head (embedding-like, kept on AdamW as Muon's authors and speculators do)
-and the norms. speculators 0.9.0 trains with this split by default.
+by ``match_rms_adamw`` (0.2 lr in RMS, AdamW's long-run size; early on AdamW steps nearly lr, so
+Muon wants a larger lr: TrainSettings.optimizer); AdamW over the rest: the draft head
+(embedding-like, kept on AdamW as Muon's authors and speculators do) and the norms. speculators
+0.9.0 trains with this split by default.
 
 Every optimizer follows the same warm-up and cosine (``schedule.lr_factor``). A checkpoint
 holds all optimizers' state in one dict keyed by parameter name

@@ -29,6 +29,7 @@ from eagle3.train import stage as train_stage
 from eagle3.train.checkpoint import CheckpointRef, drafter_weights, run_checkpoints
 from eagle3.train.loop import StopFlag
 from eagle3.train.metrics import parse_metrics
+from eagle3.train.optim import muon_matrix
 from eagle3.config import PipelineConfig, load_config
 from tests.extract.pipeline import commit_generate, random_samples
 from tests.fixtures_targets import free_port
@@ -235,7 +236,7 @@ def test_muon_on_fsdp_shards_orthogonalizes_whole_matrices(upstream, tmp_path):
         config = json.loads(store.get_bytes(key_of(store, 't', "train", 'drafter_config.json')))
     torch.manual_seed(0)  # train.seed: the initial weights, as the stage builds them
     initial = Eagle3Drafter(DrafterConfig.from_dict(config)).state_dict()
-    matrices = [n for n, w in trained["ddp"].items() if w.ndim == 2 and n != "lm_head.weight" and n in initial]
+    matrices = [n for n, w in trained["ddp"].items() if muon_matrix(n, w) and n in initial]
     assert "fc.weight" in matrices and len(matrices) >= 8
     for name in matrices:
         ddp, fsdp = (trained[s][name].float() - initial[name].float() for s in ("ddp", "fsdp"))
