@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent H200 (device tool; repo root is the cwd, $OUT comes back).
 #   bash benchmarks/quality/device_call.sh quality BUDGET_S [STEPS [FLAGS]]  # issue 21's race (resumable in /tmp/e3q)
+#   bash benchmarks/quality/device_call.sh sweep BUDGET_S "SETTINGS" [FLAGS] # ours' optimizer:lr settings on one target
 #   bash benchmarks/quality/device_call.sh benches BUDGET_S               # issue 3: bench_extract + bench_train (8B + quality shape)
 #   bash benchmarks/quality/device_call.sh extract [LIMIT_S]              # issue 3: bench_extract alone (~250 s)
 #   bash benchmarks/quality/device_call.sh cuda-tests [LIMIT_S]           # tests/cuda on the GPU
@@ -95,6 +96,38 @@ if [ "$mode" = quality ]; then
       split -b 15M /tmp/spec_inductor.tgz "$OUT/spec_inductor.tgz.part-"
     fi
   fi
+elif [ "$mode" = sweep ]; then
+  # Ours' optimizer and lr on the target call 1 made (ours_v*,curve per setting, the final point alone):
+  #   sweep BUDGET_S "adamw:5e-4 muon:1e-3 restore:adamw_5e-4" FLAGS
+  # Each setting's training and final point are kept in /tmp/e3q/sweep/<optimizer>_<lr> and its summary in
+  # $OUT/sweep_<optimizer>_<lr>.json; a setting kept already is not trained again. restore:<optimizer>_<lr> puts
+  # one back as ours' result, so speculators can race it (--optimizer, --lr as that setting's) without retraining ours.
+  settings=$3
+  shift 3
+  for s in $settings; do
+    opt=${s%%:*}; arg=${s#*:}
+    if [ "$opt" = restore ]; then
+      st=/tmp/e3q/sweep/$arg
+      [ -d "$st" ] || { echo "sweep: nothing kept as $arg" | tee -a "$log"; exit 1; }
+      for d in results recipes curve snapshots; do
+        rm -rf /tmp/e3q/$d/ours[-_]v*
+        mkdir -p /tmp/e3q/$d && cp -a "$st/$d/." /tmp/e3q/$d/
+      done
+      echo "sweep: ours is the $arg training again" | tee -a "$log"
+      continue
+    fi
+    name=${opt}_$arg; st=/tmp/e3q/sweep/$name
+    if [ -d "$st" ]; then echo "sweep: $name kept earlier" | tee -a "$log"; continue; fi
+    if [ "$(left)" -lt 160 ]; then echo "sweep: $(left) s left; $name next call" | tee -a "$log"; break; fi
+    rm -f /tmp/e3q/results/ours_v*.json
+    python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(( $(left) - 15 ))" \
+      --steps ours,curve "$@" --optimizer "$opt" --lr "$arg" --checkpoint-every 1000 2>&1 | tee -a "$log"
+    if ls /tmp/e3q/results/ours_v*.json >/dev/null 2>&1 && ls /tmp/e3q/curve/ours-v*/step-* >/dev/null 2>&1; then
+      for d in results recipes curve snapshots; do mkdir -p "$st/$d" && cp -a /tmp/e3q/$d/ours[-_]v* "$st/$d/"; done
+      cp "$OUT/quality_race.json" "$OUT/sweep_$name.json"
+      echo "sweep: $name kept" | tee -a "$log"
+    fi
+  done
 elif [ "$mode" = cuda-tests ]; then  # tests/cuda: compiled training, batched decoding, the train stage on CUDA
   timeout "${2:-300}" python3 -m pytest -q -p no:cacheprovider tests/cuda 2>&1 | tee -a "$log"
 elif [ "$mode" = train-quality ]; then  # the race's drafter shape, no target needed: where a training step's time goes
