@@ -63,6 +63,11 @@
 #   speculators' default (docs/benchmarks.md "The optimizer"): call 1 as above; then per setting
 #   rm -f /tmp/e3q/results/ours_v32768.json; bash benchmarks/quality/device_call.sh quality 280 ours_v32768,curve \
 #     $FLAGS --lr 1e-3 --checkpoint-every 1000      (~135 s a setting: 95 s training, the final point)
+#   Ninth session (2026-12-06, H100; two starts got none, the third took ~360 s): call 1 as above (550 s, spec_data cut),
+#   then sweep 440 "adamw:5e-4 muon:1e-3 adamw:1.5e-3" (391 s: AdamW 4.201; Muon trained, held-out step-0 loss 0.531
+#   against 0.609, its point cut) and quality 95 curve + quality 365 spec_data,spec_v32768,curve,plot at --optimizer muon
+#   --lr 1e-3 (the point got 48 s of 95: each call spends ~30 s before the harness starts; speculators cut at step 865).
+#   Next: docs/benchmarks.md "Ours' optimizer on the GPU" (the race at --optimizer muon --lr 1e-3, both sides).
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
@@ -119,7 +124,10 @@ elif [ "$mode" = sweep ]; then
     name=${opt}_$arg; st=/tmp/e3q/sweep/$name
     if [ -d "$st" ]; then echo "sweep: $name kept earlier" | tee -a "$log"; continue; fi
     if [ "$(left)" -lt 160 ]; then echo "sweep: $(left) s left; $name next call" | tee -a "$log"; break; fi
-    rm -f /tmp/e3q/results/ours_v*.json
+    # a training of this setting whose final point a deadline cut is evaluated, not trained again
+    same=$(python3 -c "import glob, json; r = [json.load(open(p)) for p in glob.glob('/tmp/e3q/results/ours_v*.json')]
+print(int(bool(r) and all(x.get('optimizer', 'adamw') == '$opt' and x.get('lr', 5e-4) == float('$arg') for x in r)))")
+    [ "$same" = 1 ] || rm -f /tmp/e3q/results/ours_v*.json
     python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(( $(left) - 15 ))" \
       --steps ours,curve "$@" --optimizer "$opt" --lr "$arg" --checkpoint-every 1000 2>&1 | tee -a "$log"
     if ls /tmp/e3q/results/ours_v*.json >/dev/null 2>&1 && ls /tmp/e3q/curve/ours-v*/step-* >/dev/null 2>&1; then

@@ -431,10 +431,13 @@ class Bench:
         metrics = self.committed(run, "train", "metrics.jsonl")
         records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         coverage = json.loads(self.committed(run, "vocab", "coverage.json").read_text())["coverage"]
+        chained = sum(k.startswith("eval_chain_acc_") for k in stats)
         return {"draft_vocab_coverage": coverage, "train": {"steps": stats.get("steps"), "tokens": stats.get("tokens"),
                           "steady_tokens_per_s": steady(records), "loop_tokens_per_s": stats.get("tokens_per_s"),
                           "peak_memory_gib": stats.get("peak_memory_gib"), "resumed_from_step": stats.get("resumed_from_step"),
-                          "heldout_loss_0": stats.get("eval_loss_0"), "heldout_acc_0": stats.get("eval_acc_0")},
+                          "heldout_loss_0": stats.get("eval_loss_0"), "heldout_acc_0": stats.get("eval_acc_0"),
+                          # per TTT step, right after a right chain: a greedy acceptance estimate a cut evaluation keeps
+                          "heldout_chain_acc": [round(stats[f"eval_chain_acc_{k}"], 4) for k in range(chained)]},
                 "final_step": stats.get("steps"), **self.recipe("ours")}
 
     def spec_train_cmd(self, data: Path, save: Path, export: Path, out_json: Path, aux: list[str],
@@ -610,8 +613,9 @@ class Bench:
     def run(self, steps: list[str]) -> dict:
         self.steps = steps
         tiny = self.a.tiny
+        # seconds a step needs to start (curve: its first point; one at 128 prompts took 66 s on an H100)
         estimates = {"target": 60 if tiny else 300, "spec_warm": 60 if tiny else 330, "prep": 40 if tiny else 200,
-                     "spec_data": 20 if tiny else 60, "curve": 20 if tiny else 60, "plot": 5}
+                     "spec_data": 20 if tiny else 60, "curve": 20 if tiny else 75, "plot": 5}
         needs = {"spec_warm": ("target",), "prep": ("target",), "spec_data": ("prep",), "curve": (), "plot": ()}
         for v in self.a.vocabs:
             for side in self.a.sides:
