@@ -436,7 +436,7 @@ class Bench:
                           "steady_tokens_per_s": steady(records), "loop_tokens_per_s": stats.get("tokens_per_s"),
                           "peak_memory_gib": stats.get("peak_memory_gib"), "resumed_from_step": stats.get("resumed_from_step"),
                           "heldout_loss_0": stats.get("eval_loss_0"), "heldout_acc_0": stats.get("eval_acc_0"),
-                          # per TTT step, right after a right chain: a greedy acceptance estimate a cut evaluation keeps
+                          # per TTT step, held-out accuracy given every earlier step right: a greedy estimate a cut evaluation keeps
                           "heldout_chain_acc": [round(stats[f"eval_chain_acc_{k}"], 4) for k in range(chained)]},
                 "final_step": stats.get("steps"), **self.recipe("ours")}
 
