@@ -621,9 +621,9 @@ class Bench:
             for side in self.a.sides:
                 needs[f"{side}_v{v}"] = ("spec_data",) if side in SPEC_LOSS else ("prep",)
         status = {}
-        why_not = self.speculators_missing()
+        theirs = [s for s in steps if needs_speculators(s)]
+        why_not = self.speculators_missing() if theirs else None  # the probe imports speculators: seconds of a call
         if why_not:
-            theirs = [s for s in steps if needs_speculators(s)]
             status.update(dict.fromkeys(theirs, why_not))
             steps = [s for s in steps if s not in theirs]
             self.log(why_not)

@@ -276,3 +276,15 @@ def test_curve_points_of_another_evaluator_are_not_mixed_in(tmp_path):
     assert wider.point(512, "ours", 1000) is None and wider.curves() == {}
     assert wider.sides()[512]["ours"]["final"] is None  # evaluated again by the curve step, not reused
     assert wider.point_file(512, "ours", 1000).exists()  # kept: the old evaluator's point is not destroyed
+
+
+def test_a_call_without_speculators_steps_does_not_probe_for_speculators(tmp_path, monkeypatch):
+    """The probe imports speculators in a subprocess (~8 s here, more on a fresh GPU machine): a sweep call
+    (ours and the curve) must not spend its budget on it; a call with a speculators step still probes."""
+    probes = []
+    monkeypatch.setattr(run_quality.Bench, "speculators_missing", lambda self: probes.append(1) or "skipped: test")
+    bench = _bench(tmp_path)
+    status = bench.run(["plot"])["status"]
+    assert probes == [] and status["plot"].startswith("done")
+    status = bench.run(["spec_data", "plot"])["status"]
+    assert probes == [1] and status["spec_data"] == "skipped: test"
