@@ -124,13 +124,15 @@ elif [ "$mode" = sweep ]; then
     name=${opt}_$arg; st=/tmp/e3q/sweep/$name
     if [ -d "$st" ]; then echo "sweep: $name kept earlier" | tee -a "$log"; continue; fi
     if [ "$(left)" -lt 160 ]; then echo "sweep: $(left) s left; $name next call" | tee -a "$log"; break; fi
-    # a training of this setting whose final point a deadline cut is evaluated, not trained again
-    same=$(python3 -c "import glob, json; r = [json.load(open(p)) for p in glob.glob('/tmp/e3q/results/ours_v*.json')]
-print(int(bool(r) and all(x.get('optimizer', 'adamw') == '$opt' and x.get('lr', 5e-4) == float('$arg') for x in r)))")
-    [ "$same" = 1 ] || rm -f /tmp/e3q/results/ours_v*.json
+    # --retrain: the previous setting's training is trained again; one of this setting whose final point a
+    # deadline cut is kept and evaluated
     python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(( $(left) - 15 ))" \
-      --steps ours,curve "$@" --optimizer "$opt" --lr "$arg" --checkpoint-every 1000 2>&1 | tee -a "$log"
-    if ls /tmp/e3q/results/ours_v*.json >/dev/null 2>&1 && ls /tmp/e3q/curve/ours-v*/step-* >/dev/null 2>&1; then
+      --steps ours,curve "$@" --optimizer "$opt" --lr "$arg" --checkpoint-every 1000 --retrain 2>&1 | tee -a "$log"
+    # kept only when this call's report says ours trained (or was kept) and its final point was evaluated: a
+    # skipped or cut retraining leaves the previous setting's result in place, not this one's
+    done=$(python3 -c "import json, sys; st = json.load(open(sys.argv[1]))['status']
+print(int(all(v.startswith('done') for k, v in st.items() if k.startswith('ours_v') or k == 'curve')))" "$OUT/quality_race.json")
+    if [ "$done" = 1 ]; then
       for d in results recipes curve snapshots; do mkdir -p "$st/$d" && cp -a /tmp/e3q/$d/ours[-_]v* "$st/$d/"; done
       cp "$OUT/quality_race.json" "$OUT/sweep_$name.json"
       echo "sweep: $name kept" | tee -a "$log"

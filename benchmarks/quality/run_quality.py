@@ -1,7 +1,8 @@
 """Issue 21: eagle3ctl against vllm-project/speculators, trained to convergence, one evaluator.
 
 Resumable steps under ``--work`` (each leaves ``results/<step>.json``; a rerun skips done
-steps; a training cut by the deadline resumes from its newest checkpoint on the next call):
+steps, naming a training saved under other recipe flags, which ``--retrain`` trains again; a
+training cut by the deadline resumes from its newest checkpoint on the next call):
 
 1. ``target``     make_target.py: BPE tokenizer + ~130M Llama on site-packages code (held-out loss
    reported). ``spec_warm`` (speculators' cold ``torch.compile`` on random samples, nothing
@@ -632,9 +633,12 @@ class Bench:
         for step in steps:
             if self.done(step) and step not in ("curve", "plot"):  # curve adds the points still missing
                 change = self.recipe_change(step)
-                status[step] = "done earlier" if change is None else (
-                    f"done earlier with {change} (remove {self.work}/results/{step}.json to retrain)")
-                continue
+                if change is None or not self.a.retrain:
+                    status[step] = "done earlier" if change is None else (
+                        f"done earlier with {change} (--retrain trains it again)")
+                    continue
+                # the old result stays until the new one is saved: a cut retraining resumes on the next call
+                self.log(f"{step}: done earlier with {change}; retraining")
             if step == "spec_warm" and warm_beside:
                 status[step] = "running beside target" if self.warm is not None else self.warm_status
                 continue
@@ -693,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sides", default=",".join(DEFAULT_SIDES), help=f"the sides raced, of {', '.join(SIDES)} "
                     "(specce: speculators with its ce loss, the control for --teacher-temperature below 1)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny target, few samples")
+    ap.add_argument("--retrain", action="store_true", help="a training saved under other recipe flags trains again "
+                    "with this call's (without it, it is named and kept)")
     ap.add_argument("--corpus-root", type=Path, default=None)
     ap.add_argument("--target-seconds", type=float, default=None, help="target training (default 270; tiny 8)")
     ap.add_argument("--prompts-train", type=int, default=None, help="generate: training prompts (default 10240; "

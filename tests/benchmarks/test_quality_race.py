@@ -20,7 +20,7 @@ def _bench(tmp_path, **flags):
     """A race's Bench over ``tmp_path`` with the race's flags, ``flags`` changed (nothing runs)."""
     a = argparse.Namespace(work=tmp_path / "work", out=tmp_path / "out", budget_s=60, train_steps=1000, ttt_decay=0.8,
                            teacher_temperature=1.0, optimizer="adamw", lr=5e-4, sides=("ours", "spec", "specce"),
-                           vocabs=[32768], tiny=True,
+                           vocabs=[32768], tiny=True, retrain=False,
                            eval_prompts=64, eval_new_tokens=96, draft_tokens=7)
     vars(a).update(flags)
     return run_quality.Bench(a)
@@ -208,6 +208,32 @@ def test_a_saved_training_of_another_recipe_is_named_not_taken(tmp_path):
     assert _bench(tmp_path, train_steps=1200).recipe_change("specce_v32768") == "train_steps 1000 (now 1200)"
     # the optimizer and its peak lr go to both systems: a result saved before they were kept was AdamW at 5e-4
     assert _bench(tmp_path, optimizer="muon", lr=2e-3).recipe_change("spec_v32768") == "optimizer adamw (now muon), lr 0.0005 (now 0.002)"
+
+
+def test_retrain_trains_a_saved_training_of_another_recipe_again_and_keeps_one_of_this_recipe(tmp_path, monkeypatch):
+    """A sweep of ours' settings on one target: --retrain trains a result saved under other flags again; the
+    old result stays until the new one is saved (a cut retraining loses nothing); one of this call's recipe
+    (its final point cut by a deadline) is kept and not trained again."""
+    trained = []
+    monkeypatch.setattr(run_quality.Bench, "step_ours", lambda self, v: trained.append(v) or
+                        {"final_step": 1000, **self.recipe("ours")})
+    first = _bench(tmp_path)
+    first.save("prep", {"seconds": 1.0})
+    first.save("ours_v32768", {"final_step": 1000, **first.recipe("ours")})
+    muon = _bench(tmp_path, optimizer="muon", lr=1e-3)
+    status = muon.run(["ours_v32768"])["status"]
+    assert trained == [] and status["ours_v32768"].startswith("done earlier with optimizer adamw (now muon)")
+    monkeypatch.setattr(run_quality.Bench, "step_ours", lambda self, v: (_ for _ in ()).throw(
+        run_quality.StepFailed("deadline")))
+    status = _bench(tmp_path, optimizer="muon", lr=1e-3, retrain=True).run(["ours_v32768"])["status"]
+    assert "deadline" in status["ours_v32768"]
+    assert muon.done("ours_v32768")["optimizer"] == "adamw"  # cut: the old result stays, named as before
+    monkeypatch.setattr(run_quality.Bench, "step_ours", lambda self, v: trained.append(v) or
+                        {"final_step": 1000, **self.recipe("ours")})
+    status = _bench(tmp_path, optimizer="muon", lr=1e-3, retrain=True).run(["ours_v32768"])["status"]
+    assert trained == [32768] and muon.done("ours_v32768")["optimizer"] == "muon"
+    status = _bench(tmp_path, optimizer="muon", lr=1e-3, retrain=True).run(["ours_v32768"])["status"]
+    assert trained == [32768] and status["ours_v32768"] == "done earlier"
 
 
 def test_a_done_marker_killed_while_written_is_the_old_one_or_the_new_one(tmp_path):
