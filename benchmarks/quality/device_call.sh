@@ -126,14 +126,18 @@ elif [ "$mode" = sweep ]; then
     if [ "$(left)" -lt 160 ]; then echo "sweep: $(left) s left; $name next call" | tee -a "$log"; break; fi
     # --retrain: the previous setting's training is trained again; one of this setting whose final point a
     # deadline cut is kept and evaluated
+    rm -f "$OUT/quality_race.json"  # the previous setting's report must not speak for this one
     python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(( $(left) - 15 ))" \
       --steps ours,curve "$@" --optimizer "$opt" --lr "$arg" --checkpoint-every 1000 --retrain 2>&1 | tee -a "$log"
     # kept only when this call's report says ours trained (or was kept) and its final point was evaluated: a
     # skipped or cut retraining leaves the previous setting's result in place, not this one's
-    done=$(python3 -c "import json, sys; st = json.load(open(sys.argv[1]))['status']
+    done=0
+    [ -f "$OUT/quality_race.json" ] && done=$(python3 -c "import json, sys; st = json.load(open(sys.argv[1]))['status']
 print(int(all(v.startswith('done') for k, v in st.items() if k.startswith('ours_v') or k == 'curve')))" "$OUT/quality_race.json")
-    if [ "$done" = 1 ]; then
-      for d in results recipes curve snapshots; do mkdir -p "$st/$d" && cp -a /tmp/e3q/$d/ours[-_]v* "$st/$d/"; done
+    if [ "$done" = 1 ]; then  # copied whole, then named: a kill mid-copy leaves no half setting to restore
+      rm -rf "$st.part"
+      for d in results recipes curve snapshots; do mkdir -p "$st.part/$d" && cp -a /tmp/e3q/$d/ours[-_]v* "$st.part/$d/"; done
+      mv "$st.part" "$st"
       cp "$OUT/quality_race.json" "$OUT/sweep_$name.json"
       echo "sweep: $name kept" | tee -a "$log"
     fi
