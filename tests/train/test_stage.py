@@ -226,15 +226,16 @@ def test_muon_on_fsdp_shards_orthogonalizes_whole_matrices(upstream, tmp_path):
     # Orthogonalizing each shard alone would step the weights elsewhere than DDP (whole matrices on every
     # rank). The same math in bf16 in another order differs too: Newton-Schulz blows up the small singular
     # directions of these low-rank first gradients, up to ~11 % of the step here.
-    trained, config = {}, None
+    trained, config, seed = {}, None, None
     for strategy in ("ddp", "fsdp"):
         cfg = fresh_config(upstream, tmp_path / strategy, **{"train.max_steps": 2, "train.checkpoint_every": 2,
                                                               "train.strategy": strategy, "train.optimizer": "muon"})
         torchrun_train(cfg, tmp_path / strategy)
+        seed = cfg.train.seed
         store = open_store(cfg.store.uri)
         trained[strategy] = load_file(store.local_path(key_of(store, 't', "train", 'drafter.safetensors')))
         config = json.loads(store.get_bytes(key_of(store, 't', "train", 'drafter_config.json')))
-    torch.manual_seed(0)  # train.seed: the initial weights, as the stage builds them
+    torch.manual_seed(seed)  # the initial weights, as the stage builds them
     initial = Eagle3Drafter(DrafterConfig.from_dict(config)).state_dict()
     matrices = [n for n, w in trained["ddp"].items() if muon_matrix(n, w) and n in initial]
     assert "fc.weight" in matrices and len(matrices) >= 8
