@@ -511,7 +511,11 @@ class Bench:
 
     def curve_points(self) -> list[tuple[int, str, int, Path]]:
         """(vocab, side, step, snapshot) of every trained side: each side's final step first, then the
-        others by vocab (the first vocab's curve before the others')."""
+        others by vocab (the first vocab's curve before the others').
+
+        A snapshot at --train-steps or later that is not the final one is not a point: speculators runs
+        its last epoch's first batch past --max-steps at lr 0 and saves it as step 1001, the same weights
+        as its step-1000 checkpoint, which cost a second ~66 s evaluation of one drafter per race."""
         finals, rest = [], []
         for vocab in self.a.vocabs:
             for side in self.a.sides:
@@ -521,7 +525,7 @@ class Bench:
 
                 points = [(vocab, side, s, p) for s, p in snapshot_steps(self.snapshots(side, vocab))]
                 finals += points[-1:]
-                rest += points[:-1]
+                rest += [p for p in points[:-1] if p[2] < self.a.train_steps]
         return finals + sorted(rest, key=lambda p: (self.a.vocabs.index(p[0]), p[2], p[1]))
 
     def point_file(self, vocab: int, side: str, step: int) -> Path:

@@ -314,3 +314,18 @@ def test_a_call_without_speculators_steps_does_not_probe_for_speculators(tmp_pat
     assert probes == [] and status["plot"].startswith("done")
     status = bench.run(["spec_data", "plot"])["status"]
     assert probes == [1] and status["spec_data"] == "skipped: test"
+
+
+def test_a_checkpoint_at_the_last_step_is_evaluated_once(tmp_path):
+    """speculators saves step 1000 at its fourth epoch's end and, one lr-0 step past --max-steps, step 1001 (the
+    same weights): the curve evaluates the final one and the earlier epochs, not step 1000 a second time. Ours'
+    final step is --train-steps itself and keeps every earlier point."""
+    bench = _bench(tmp_path, sides=("ours", "spec"), vocabs=[512])
+    for side, steps in (("ours", (200, 400, 1000)), ("spec", (253, 506, 1000, 1001))):
+        bench.save(f"{side}_v512", {"final_step": steps[-1], **bench.recipe(side)})
+        for step in steps:
+            snap = bench.snapshots(side, 512) / f"step-{step:07d}"
+            snap.mkdir(parents=True)
+            (snap / curve.MODEL).write_bytes(b"w")
+    assert [(side, step) for _, side, step, _ in bench.curve_points()] == [
+        ("ours", 1000), ("spec", 1001), ("ours", 200), ("spec", 253), ("ours", 400), ("spec", 506)]
