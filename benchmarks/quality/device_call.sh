@@ -68,6 +68,12 @@
 #   against 0.609, its point cut) and quality 95 curve + quality 365 spec_data,spec_v32768,curve,plot at --optimizer muon
 #   --lr 1e-3 (the point got 48 s of 95: each call spends ~30 s before the harness starts; speculators cut at step 865).
 #   Next: docs/benchmarks.md "Ours' optimizer on the GPU" (the race at --optimizer muon --lr 1e-3, both sides).
+#   Tenth session (2026-12-06, H100, start ~90 s): FLAGS as the ninth's with --sides ours,spec --checkpoint-every 1000:
+#     1. quality 575 target,spec_warm,prep,spec_data $FLAGS                                    541 s (spec_data cut)
+#     2. quality 575 spec_data,ours_v32768,spec_v32768,curve,plot $FLAGS --optimizer muon --lr 1e-3   520 s
+#     3. quality 185 curve,plot (same) ; sweep 370 "muon:1e-3 adamw:5e-4" $FLAGS   in one device call, 360 s
+#   Muon race: ours 4.498, speculators 4.412: 1.019x [0.979, 1.062], a tie; ours AdamW on that target 4.285
+#   (docs/benchmarks.md "Both at speculators' default optimizer"). 259 s of the session left, given back.
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
