@@ -12,7 +12,9 @@
 # same warm machine (/tmp/e3q persists between consecutive calls; a fresh machine starts over).
 # $OUT: device_log.txt, quality_race.json (summary + curve points), acceptance_vs_steps.png,
 # target_meta.json, and speculators' inductor cache as spec_inductor.tgz.part-* (put those in
-# .inductor/ and carry [".whl", ".inductor"] to start a later machine warm).
+# .inductor/ and carry [".whl", ".inductor"] to start a later machine warm), and, while fewer than the 8 files a
+# call brings back are there, curve_points.tgz: every evaluated point's per-prompt rows (the race's and each kept
+# sweep setting's), for `python benchmarks/quality/summarize.py paired A.json B.json` (A / B, paired interval).
 #
 # Issue 21, one session (1,800 s of device time; the machine is usually an H100 even when an H200 is named),
 # three calls back to back on one warm machine (carry [".whl", ".inductor"]; .inductor/ = the spec_inductor.tgz.part-*
@@ -90,6 +92,15 @@ log="$OUT/device_log.txt"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader | tee -a "$log"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$log"
 left() { echo $(( budget - ($(date +%s) - t0) )); }
+points_back() {  # every evaluated point's per-prompt rows, the race's and each kept sweep setting's, as one file
+  # (a call brings back 8 files at most), for `summarize.py paired` here: two settings' paired ratio
+  local dirs=() d
+  for d in /tmp/e3q/curve /tmp/e3q/sweep/*/curve; do
+    [ -d "$d" ] && [[ "$d" != *.part/curve ]] && dirs+=("${d#/tmp/e3q/}")
+  done
+  [ "${#dirs[@]}" -gt 0 ] && [ "$(ls "$OUT" | wc -l)" -lt 8 ] || return 0
+  tar -C /tmp/e3q -czf "$OUT/curve_points.tgz" "${dirs[@]}"
+}
 if [ "$mode" = quality ]; then
   if ls .inductor/spec_inductor.tgz.part-* >/dev/null 2>&1 && [ ! -d /tmp/e3q/inductor ]; then
     mkdir -p /tmp/e3q && cat .inductor/spec_inductor.tgz.part-* | tar -xz -C /tmp/e3q \
@@ -107,6 +118,7 @@ if [ "$mode" = quality ]; then
       split -b 15M /tmp/spec_inductor.tgz "$OUT/spec_inductor.tgz.part-"
     fi
   fi
+  points_back
 elif [ "$mode" = sweep ]; then
   # Ours' optimizer and lr on the target call 1 made (ours_v*,curve per setting, the final point alone):
   #   sweep BUDGET_S "adamw:5e-4 muon:1e-3 restore:adamw_5e-4" FLAGS
@@ -148,6 +160,7 @@ print(int(all(v.startswith('done') for k, v in st.items() if k.startswith('ours_
       echo "sweep: $name kept" | tee -a "$log"
     fi
   done
+  points_back
 elif [ "$mode" = cuda-tests ]; then  # tests/cuda: compiled training, batched decoding, the train stage on CUDA
   timeout "${2:-300}" python3 -m pytest -q -p no:cacheprovider tests/cuda 2>&1 | tee -a "$log"
 elif [ "$mode" = train-quality ]; then  # the race's drafter shape, no target needed: where a training step's time goes

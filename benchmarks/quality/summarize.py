@@ -161,3 +161,45 @@ def summarize(target: dict | None, variants: dict[int, dict[str, dict | None]], 
             race.setdefault("vs", {})[name] = control
         head["by_draft_vocab"][str(v)] = race
     return {"headline": head, "status": status, "args": args}
+
+
+def paired(path_a: str, path_b: str) -> dict[str, Any]:
+    """Two curve points' reports (``curve/<side>-v<vocab>/step-NNNNNNN.json``, as ``device_call.sh`` brings
+    them back in ``curve_points.tgz``) compared on the prompts both decoded: each mean with its interval
+    and the paired ratio A / B. Two trainings of one side on one target (a sweep's settings) have no
+    ratio in the race's summary; this gives it. Points of different evaluators are refused."""
+    import json
+    from pathlib import Path
+
+    reports = []
+    for path in (path_a, path_b):
+        try:
+            reports.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"summarize paired: cannot read {path}: {e}") from None
+    a, b = reports
+    if a.get("evaluator") != b.get("evaluator"):
+        raise SystemExit(f"summarize paired: {path_a} and {path_b} were evaluated differently "
+                         f"({a.get('evaluator')} vs {b.get('evaluator')}): no paired ratio")
+    ratio_ = acceptance_ratio_ci(a, b)
+    if ratio_ is None:
+        raise SystemExit(f"summarize paired: {path_a} and {path_b} share fewer than 2 decoded prompts")
+    return {"a": {"path": path_a, "step": a.get("step"), **(acceptance_ci(a) or {})},
+            "b": {"path": path_b, "step": b.get("step"), **(acceptance_ci(b) or {})}, "a_over_b": ratio_}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="summarize.py", description=paired.__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("paired", help="A / B on the prompts both curve points decoded, with a paired 95 %% interval")
+    p.add_argument("a", help="a curve point's report (step-NNNNNNN.json): the numerator")
+    p.add_argument("b", help="the other point's report: the denominator")
+    args = ap.parse_args(argv)
+    print(json.dumps(paired(args.a, args.b), indent=1))
+
+
+if __name__ == "__main__":
+    main()

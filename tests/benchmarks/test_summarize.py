@@ -154,3 +154,36 @@ def test_no_acceptance_ratio_between_sides_trained_with_different_optimizers():
     assert head["acceptance_ratio"] == ("not reported: trained with different recipes "
                                         "(optimizer muon vs adamw, lr 0.002 vs 0.0005)")
     assert head["vs"]["speculators (ce loss)"]["acceptance_ratio"]["ratio"] == 1.0
+
+
+def test_paired_compares_two_curve_points_and_refuses_what_it_cannot_pair(tmp_path, capsys):
+    """Two of a sweep's settings on one target have no ratio in the race's summary; `summarize.py paired`
+    gives one from the points' per-prompt rows, and refuses in one line what would mislead: points of another
+    evaluator, unreadable files, no shared prompts."""
+    import json
+
+    import pytest
+
+    evaluator = {"eval_prompts": 4, "eval_new_tokens": 96, "draft_tokens": 7}
+
+    def point(name, lengths, **extra):
+        path = tmp_path / name
+        path.write_text(json.dumps({"step": 1000, "evaluator": evaluator, **report(lengths), **extra}))
+        return str(path)
+
+    muon = point("muon.json", {0: 4.2, 1: 5.0, 2: 3.1, 3: 4.0})
+    adamw = point("adamw.json", {0: 4.0, 1: 4.8, 2: 3.0, 3: 3.8})
+    summarize.main(["paired", muon, adamw])
+    out = json.loads(capsys.readouterr().out)
+    assert out["a_over_b"]["prompts"] == 4 and 1.0 < out["a_over_b"]["ratio"] < 1.06
+    assert out["a"]["mean_acceptance_length"] == 4.075 and out["b"]["step"] == 1000
+    other = point("other.json", {0: 4.0, 1: 4.8}, evaluator={**evaluator, "eval_prompts": 2})
+    for argv, said in ((["paired", muon, other], "evaluated differently"),
+                       (["paired", muon, str(tmp_path / "gone.json")], "cannot read"),
+                       (["paired", muon, point("disjoint.json", {7: 4.0, 8: 4.1})], "fewer than 2")):
+        with pytest.raises(SystemExit, match=said) as e:
+            summarize.main(argv)
+        assert "\n" not in str(e.value)
+    for argv in (["--help"], ["paired", "--help"]):  # its help renders (a bare % in it once broke it)
+        with pytest.raises(SystemExit, match="0"):
+            summarize.main(argv)
