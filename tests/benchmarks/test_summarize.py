@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
+
+import pytest
 
 from tests.benchmarks.quality_modules import load
 
@@ -160,10 +163,6 @@ def test_paired_compares_two_curve_points_and_refuses_what_it_cannot_pair(tmp_pa
     """Two of a sweep's settings on one target have no ratio in the race's summary; `summarize.py paired`
     gives one from the points' per-prompt rows, and refuses in one line what would mislead: points of another
     evaluator, unreadable files, no shared prompts."""
-    import json
-
-    import pytest
-
     evaluator = {"eval_prompts": 4, "eval_new_tokens": 96, "draft_tokens": 7}
 
     def point(name, lengths, **extra):
