@@ -11,14 +11,14 @@
 # budget cuts (generate, extract, either training, the curve) carries on in the next call on the
 # same warm machine (/tmp/e3q persists between consecutive calls; a fresh machine starts over).
 # $OUT: device_log.txt, quality_race.json (summary + curve points), acceptance_vs_steps.png,
-# target_meta.json, and speculators' inductor cache as spec_inductor.tgz.part-* (put those in
-# .inductor/ and carry [".whl", ".inductor"] to start a later machine warm), and, while fewer than the 8 files a
-# call brings back are there, curve_points.tgz: every evaluated point's per-prompt rows (the race's and each kept
-# sweep setting's), for `python benchmarks/quality/summarize.py paired A.json B.json` (A / B, paired interval).
+# target_meta.json, the inductor cache as inductor.tgz.part-* when the call compiled new graphs (put those in
+# .inductor/, replacing what is there, and carry [".whl", ".inductor"] to start a later machine warm), and, while
+# fewer than the 8 files a call brings back are there, curve_points.tgz: every evaluated point's per-prompt rows
+# (the race's and each kept sweep setting's), for `python benchmarks/quality/summarize.py paired A.json B.json`.
 #
 # Issue 21, one session (1,800 s of device time; the machine is usually an H100 even when an H200 is named),
-# three calls back to back on one warm machine (carry [".whl", ".inductor"]; .inductor/ = the spec_inductor.tgz.part-*
-# pieces a call brings back: speculators' compiled graphs for these shapes). Ran as below on an H100 on 2026-12-05
+# three calls back to back on one warm machine (carry [".whl", ".inductor"]; .inductor/ = the inductor.tgz.part-*
+# pieces a call brings back: both systems' compiled graphs for these shapes). Ran as below on an H100 on 2026-12-05
 # (fourth session; docs/benchmarks.md "Draft vocab 64,000 ... on one target"): 1,696 s of 1,800 with the machine's start.
 #   1. bash benchmarks/quality/device_call.sh quality 575 target,spec_warm,prep,spec_data \
 #        --draft-vocabs 64000,32768 --target-seconds 240 --train-steps 1000 --max-tokens 128
@@ -92,32 +92,16 @@ log="$OUT/device_log.txt"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader | tee -a "$log"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$log"
 left() { echo $(( budget - ($(date +%s) - t0) )); }
-points_back() {  # every evaluated point's per-prompt rows, the race's and each kept sweep setting's, as one file
-  # (a call brings back 8 files at most), for `summarize.py paired` here: two settings' paired ratio
-  local dirs=() d
-  for d in /tmp/e3q/curve /tmp/e3q/sweep/*/curve; do
-    [ -d "$d" ] && [[ "$d" != *.part/curve ]] && dirs+=("${d#/tmp/e3q/}")
-  done
-  [ "${#dirs[@]}" -gt 0 ] && [ "$(ls "$OUT" | wc -l)" -lt 8 ] || return 0
-  tar -C /tmp/e3q -czf "$OUT/curve_points.tgz" "${dirs[@]}"
-}
+# shellcheck source=benchmarks/quality/device_transfer.sh
+. benchmarks/quality/device_transfer.sh  # what travels between calls: the inductor cache, the points' rows
+inductor_unpack
 if [ "$mode" = quality ]; then
-  if ls .inductor/spec_inductor.tgz.part-* >/dev/null 2>&1 && [ ! -d /tmp/e3q/inductor ]; then
-    mkdir -p /tmp/e3q && cat .inductor/spec_inductor.tgz.part-* | tar -xz -C /tmp/e3q \
-      && echo "carried inductor cache unpacked: $(du -sh /tmp/e3q/inductor | cut -f1)" | tee -a "$log"
-  fi
   steps="${3:-all}"
   shift $(( $# < 3 ? $# : 3 ))
   python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(( $(left) - 15 ))" --steps "$steps" "$@" \
     2>&1 | tee -a "$log"
   cp /tmp/e3q/target_meta.json "$OUT/" 2>/dev/null
-  if [ -d /tmp/e3q/inductor ] && [ ! -e .inductor ]; then  # 4 pieces of 15 MiB at most come back with the results
-    tar -C /tmp/e3q -czf /tmp/spec_inductor.tgz inductor
-    echo "inductor cache: $(du -sh /tmp/e3q/inductor | cut -f1), gzipped $(du -sh /tmp/spec_inductor.tgz | cut -f1)" | tee -a "$log"
-    if [ "$(du -sm /tmp/spec_inductor.tgz | cut -f1)" -le 56 ]; then
-      split -b 15M /tmp/spec_inductor.tgz "$OUT/spec_inductor.tgz.part-"
-    fi
-  fi
+  inductor_back
   points_back
 elif [ "$mode" = sweep ]; then
   # Ours' optimizer and lr on the target call 1 made (ours_v*,curve per setting, the final point alone):
@@ -160,7 +144,8 @@ print(int(all(v.startswith('done') for k, v in st.items() if k.startswith('ours_
       echo "sweep: $name kept" | tee -a "$log"
     fi
   done
-  points_back
+  points_back  # the sweep's purpose first: the cache comes back from a later call if no room is left here
+  inductor_back
 elif [ "$mode" = cuda-tests ]; then  # tests/cuda: compiled training, batched decoding, the train stage on CUDA
   timeout "${2:-300}" python3 -m pytest -q -p no:cacheprovider tests/cuda 2>&1 | tee -a "$log"
 elif [ "$mode" = train-quality ]; then  # the race's drafter shape, no target needed: where a training step's time goes

@@ -206,7 +206,7 @@ class Bench:
             cmd += ["--reuse-from", self.run_id(self.a.vocabs[0])]
         server = self.start_server() if need_server else None
         try:
-            return self.sh(cmd, reserve_s=15)
+            return self.sh(cmd, reserve_s=15, env=self.inductor_env())
         finally:
             if server is not None:
                 self.stop_server(server)
@@ -272,8 +272,9 @@ class Bench:
                 f"({probe.stderr.strip().splitlines()[-1]}); device_call.sh installs them from .whl/")
         return self._spec_probe or None
 
-    def spec_env(self) -> dict:
-        """speculators' inductor cache in --work (device_call.sh carries it between sessions)."""
+    def inductor_env(self) -> dict:
+        """Both systems' compiled graphs in one inductor cache in --work (device_call.sh carries it between
+        sessions): without it ours compiled its training afresh each session (~40 s of the first training)."""
         return {"TORCHINDUCTOR_CACHE_DIR": str(self.work / "inductor")}
 
     def warm_on(self, init: Path) -> None:
@@ -357,7 +358,7 @@ class Bench:
             cmd = self.spec_train_cmd(warm_dir / "data", warm_dir / f"ckpt-{side}-{v}", warm_dir / f"export-{side}-{v}",
                                       warm_dir / f"train-{side}-{v}.json", aux, ("--max-steps", "6"), target=target,
                                       vocab=v, loss_fn=SPEC_LOSS[side])
-            if self.sh(cmd, reserve_s=30, env=self.spec_env()) != 0:
+            if self.sh(cmd, reserve_s=30, env=self.inductor_env()) != 0:
                 raise StepFailed(f"speculators' warm-up training ({SPEC_LOSS[side]}) at draft vocab {v} failed")
             cold[f"{SPEC_LOSS[side]}_v{v}"] = round(time.monotonic() - t2, 1)
         return {"samples": len(samples), "data_seconds": round(t1 - t0, 1), "cold_train_seconds_6_steps": cold}
@@ -481,7 +482,7 @@ class Bench:
         cmd = self.spec_train_cmd(data, save, self.work / f"{side}_export_v{vocab}", out_json, self.aux_ids(), extra,
                                   vocab=vocab, epochs=epochs, loss_fn=SPEC_LOSS[side])
         with Snapshots(lambda: spec_checkpoints(save), self.snapshots(side, vocab)):
-            rc = self.sh(cmd, reserve_s=30, env=self.spec_env())
+            rc = self.sh(cmd, reserve_s=30, env=self.inductor_env())
         if rc != 0:
             raise StepFailed(f"spec_train.py stopped (exit {rc}); speculators resumes from {save} on the next call")
         train = json.loads(out_json.read_text())

@@ -329,3 +329,15 @@ def test_a_checkpoint_at_the_last_step_is_evaluated_once(tmp_path):
             (snap / curve.MODEL).write_bytes(b"w")
     assert [(side, step) for _, side, step, _ in bench.curve_points()] == [
         ("ours", 1000), ("spec", 1001), ("ours", 200), ("spec", 253), ("ours", 400), ("spec", 506)]
+
+
+def test_ours_compiles_into_the_carried_inductor_cache(tmp_path, monkeypatch):
+    """device_call.sh carries one inductor cache between sessions; ours' train stage (an eagle3ctl pipeline call)
+    must compile into it as speculators' trainer does, or every session compiles ours afresh (~40 s)."""
+    envs = []
+    monkeypatch.setattr(run_quality.Bench, "sh", lambda self, cmd, reserve_s=5.0, env=None: envs.append(env) or 0)
+    monkeypatch.setattr(run_quality.Bench, "config", lambda self, vocab: tmp_path / f"q-v{vocab}.yaml")
+    bench = _bench(tmp_path, vocabs=[512])
+    assert bench.pipeline(512, "train") == 0
+    assert envs == [{"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "work" / "inductor")}]
+    assert envs[0] == bench.inductor_env()  # the folder speculators' steps use

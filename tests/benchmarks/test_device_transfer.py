@@ -1,0 +1,125 @@
+"""What travels between device calls (benchmarks/quality/device_transfer.sh): the inductor cache both systems
+compile into, and the curve points' per-prompt rows. The device tool brings back at most 8 files and a call
+carries 64 MiB, so each must come back whole or not at all, and only when it holds something new."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PIECE = 4096  # bytes a piece; the device's 15 MiB, scaled down
+
+
+def _call(tmp_path: Path, *functions: str, out: str = "out") -> str:
+    """A device call's transfer steps, as device_call.sh runs them, in ``tmp_path``; what they logged."""
+    (tmp_path / out).mkdir(exist_ok=True)
+    env = {**os.environ, "E3Q": str(tmp_path / "e3q"), "OUT": str(tmp_path / out), "log": str(tmp_path / "log.txt"),
+           "CARRIED": str(tmp_path / "carried"), "PIECE_BYTES": str(PIECE)}
+    script = ". benchmarks/quality/device_transfer.sh; " + "; ".join(functions)
+    done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def _compile(tmp_path: Path, name: str, size: int = 1000) -> None:
+    """A compiled graph in the cache: incompressible bytes, so the pieces' count is predictable."""
+    path = tmp_path / "e3q" / "inductor" / "fxgraph" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(os.urandom(size))
+
+
+def _pieces(folder: Path) -> list[Path]:
+    return sorted(folder.glob("inductor.tgz.part-*"))
+
+
+def _unpacked(pieces: list[Path], dest: Path) -> set[str]:
+    whole = dest / "whole.tgz"
+    whole.write_bytes(b"".join(p.read_bytes() for p in pieces))
+    with tarfile.open(whole) as tar:
+        return {m.name for m in tar.getmembers() if m.isfile()}
+
+
+def test_the_cache_comes_back_whole_and_only_when_it_grew(tmp_path):
+    _compile(tmp_path, "spec_a")
+    _compile(tmp_path, "spec_b")
+    _call(tmp_path, "inductor_back")
+    first = _pieces(tmp_path / "out")
+    assert first and _unpacked(first, tmp_path) == {"inductor/fxgraph/spec_a", "inductor/fxgraph/spec_b"}
+    _call(tmp_path, "inductor_back", out="out2")  # the next call on the machine compiled nothing new
+    assert _pieces(tmp_path / "out2") == []
+    _compile(tmp_path, "ours_train")  # ours' first training on this machine
+    _call(tmp_path, "inductor_back", out="out3")
+    assert "inductor/fxgraph/ours_train" in _unpacked(_pieces(tmp_path / "out3"), tmp_path)
+    assert not (tmp_path / "inductor.tgz").exists()  # the whole archive is not left beside the work folder
+
+
+def test_a_carried_cache_is_unpacked_once_and_not_sent_back_unchanged(tmp_path):
+    _compile(tmp_path, "spec_a")
+    _call(tmp_path, "inductor_back")
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    for piece in _pieces(tmp_path / "out"):
+        (carried / piece.name).write_bytes(piece.read_bytes())
+    machine = tmp_path / "next"  # a fresh machine: no work folder yet
+    machine.mkdir()
+    (machine / "carried").symlink_to(carried)
+    logged = _call(machine, "inductor_unpack", "inductor_back")
+    assert "carried inductor cache unpacked" in logged
+    assert (machine / "e3q" / "inductor" / "fxgraph" / "spec_a").read_bytes() == \
+        (tmp_path / "e3q" / "inductor" / "fxgraph" / "spec_a").read_bytes()
+    assert _pieces(machine / "out") == []  # what it carried is not sent back
+    _compile(machine, "spec_a", 10)  # recompiled on this machine: a later call's unpack must not put back the old one
+    recompiled = (machine / "e3q" / "inductor" / "fxgraph" / "spec_a").read_bytes()
+    _call(machine, "inductor_unpack")
+    assert (machine / "e3q" / "inductor" / "fxgraph" / "spec_a").read_bytes() == recompiled
+
+
+def test_broken_pieces_start_the_call_without_a_cache(tmp_path):
+    _compile(tmp_path / "src", "spec_a", 2 * PIECE)  # 3 pieces with the tar headers
+    _call(tmp_path / "src", "inductor_back")
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    pieces = _pieces(tmp_path / "src" / "out")
+    assert len(pieces) > 1
+    for piece in pieces[:-1]:  # the last piece lost in transfer
+        (carried / piece.name).write_bytes(piece.read_bytes())
+    logged = _call(tmp_path, "inductor_unpack")
+    assert "unreadable" in logged and not (tmp_path / "e3q" / "inductor").exists()
+
+
+@pytest.mark.parametrize("outputs, size, said", [
+    (0, 4 * PIECE, "over 3"),  # 4 pieces: with the repo and .whl the next call could not carry them
+    (6, 2 * PIECE + 100, "no room"),  # 6 files + 3 pieces would pass the tool's 8
+])
+def test_a_cache_that_cannot_travel_is_not_sent_and_is_sent_later(tmp_path, outputs, size, said):
+    _compile(tmp_path, "big", size)
+    (tmp_path / "out").mkdir()
+    for i in range(outputs):
+        (tmp_path / "out" / f"result{i}.json").write_text("{}")
+    logged = _call(tmp_path, "inductor_back")
+    assert said in logged and _pieces(tmp_path / "out") == []
+    assert not (tmp_path / "e3q" / "inductor.carried").exists()  # not marked as sent
+    if said == "no room":  # a later call with room sends it
+        _call(tmp_path, "inductor_back", out="later")
+        assert len(_pieces(tmp_path / "later")) == 3
+
+
+def test_points_come_back_in_one_file_without_a_half_kept_setting(tmp_path):
+    e3q = tmp_path / "e3q"
+    for folder in ("curve/ours-v512", "sweep/adamw_5e-4/curve/ours-v512", "sweep/muon_1e-3.part/curve/ours-v512"):
+        (e3q / folder).mkdir(parents=True)
+        (e3q / folder / "step-0001000.json").write_text("{}")
+    _call(tmp_path, "points_back")
+    with tarfile.open(tmp_path / "out" / "curve_points.tgz") as tar:
+        files = {m.name for m in tar.getmembers() if m.isfile()}
+    assert files == {"curve/ours-v512/step-0001000.json", "sweep/adamw_5e-4/curve/ours-v512/step-0001000.json"}
+    full = tmp_path / "full"
+    full.mkdir()
+    for i in range(8):
+        (full / f"f{i}").write_text("")
+    _call(tmp_path, "points_back", out="full")
+    assert not (full / "curve_points.tgz").exists()  # a ninth file would not come back
