@@ -41,12 +41,12 @@ from pathlib import Path
 
 import torch
 from files import write_json
+from summarize import point_evaluator
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PORT = 8123
 FIXED_STEPS = ("target", "spec_warm", "prep", "spec_data")
-EVALUATOR_DEFAULTS = {"eval_prompts": 64, "eval_new_tokens": 96, "draft_tokens": 7}  # a point saved before they were kept
 # The race's sides: the system each one trains, as the summary and the plot name it.
 SIDES = {"ours": "eagle3ctl", "spec": "speculators", "specce": "speculators (ce loss)"}
 SPEC_LOSS = {"spec": "kl_div", "specce": "ce"}  # speculators' --loss-fn per side (kl_div: its EAGLE-3 default)
@@ -547,7 +547,7 @@ class Bench:
         if not path.exists():
             return None
         report = json.loads(path.read_text())
-        return report if report.get("evaluator", EVALUATOR_DEFAULTS) == self.evaluator() else None
+        return report if point_evaluator(report) == self.evaluator() else None
 
     def step_curve(self) -> dict:
         from curve import evaluate_export, export_our_checkpoint

@@ -20,6 +20,8 @@ SEED = 0
 # before that was kept was trained with. The keys both systems take must match for an acceptance ratio.
 RECIPE_DEFAULTS: dict[str, Any] = {"train_steps": None, "ttt_decay": 0.8, "optimizer": "adamw", "lr": 5e-4,
                                    "teacher_temperature": 1.0, "loss_fn": "kl_div"}
+# What a curve point's number depends on besides the drafter; a point saved before it was kept was decoded so.
+EVALUATOR_DEFAULTS: dict[str, Any] = {"eval_prompts": 64, "eval_new_tokens": 96, "draft_tokens": 7}
 SHARED = ("train_steps", "ttt_decay", "optimizer", "lr")  # what both systems train with; then each its own key
 MATCHED = ("ttt_decay", "optimizer", "lr")  # train_steps: a side short of the race's steps counts as missing
 
@@ -36,6 +38,11 @@ def steady(records: list[dict[str, Any]], key: str = "tokens_per_s", skip: float
     windows = [w for w in windows if w[0]]
     kept = [v for v, in_profile in windows[int(len(windows) * skip):] if not in_profile] or [v for v, _ in windows]
     return round(statistics.median(kept), 1) if kept else None
+
+
+def point_evaluator(report: dict) -> dict[str, Any]:
+    """The evaluator settings a curve point's report was decoded with."""
+    return report.get("evaluator", EVALUATOR_DEFAULTS)
 
 
 def _per_prompt(report: dict) -> dict[int, tuple[float, int]]:
@@ -178,9 +185,9 @@ def paired(path_a: str, path_b: str) -> dict[str, Any]:
         except (OSError, ValueError) as e:
             raise SystemExit(f"summarize paired: cannot read {path}: {e}") from None
     a, b = reports
-    if a.get("evaluator") != b.get("evaluator"):
+    if point_evaluator(a) != point_evaluator(b):
         raise SystemExit(f"summarize paired: {path_a} and {path_b} were evaluated differently "
-                         f"({a.get('evaluator')} vs {b.get('evaluator')}): no paired ratio")
+                         f"({point_evaluator(a)} vs {point_evaluator(b)}): no paired ratio")
     ratio_ = acceptance_ratio_ci(a, b)
     if ratio_ is None:
         raise SystemExit(f"summarize paired: {path_a} and {path_b} share fewer than 2 decoded prompts")

@@ -176,6 +176,10 @@ def test_paired_compares_two_curve_points_and_refuses_what_it_cannot_pair(tmp_pa
     out = json.loads(capsys.readouterr().out)
     assert out["a_over_b"]["prompts"] == 4 and 1.0 < out["a_over_b"]["ratio"] < 1.06
     assert out["a"]["mean_acceptance_length"] == 4.075 and out["b"]["step"] == 1000
+    old = tmp_path / "old.json"  # saved before points kept their evaluator: decoded with the old defaults
+    old.write_text(json.dumps({"step": 1000, **report({0: 4.0, 1: 4.8})}))
+    summarize.main(["paired", point("defaults.json", {0: 4.2, 1: 5.0}, evaluator=summarize.EVALUATOR_DEFAULTS), str(old)])
+    assert json.loads(capsys.readouterr().out)["a_over_b"]["prompts"] == 2
     other = point("other.json", {0: 4.0, 1: 4.8}, evaluator={**evaluator, "eval_prompts": 2})
     for argv, said in ((["paired", muon, other], "evaluated differently"),
                        (["paired", muon, str(tmp_path / "gone.json")], "cannot read"),
