@@ -33,9 +33,10 @@ inductor_back() {  # the whole cache into $OUT when it holds more files than the
   if [ "$parts" -gt "$MAX_PIECES" ]; then
     echo "inductor cache: $parts pieces of 15 MiB, over $MAX_PIECES: not brought back (a call carries 64 MiB)" \
       | tee -a "$log"
-  elif [ $(( $(ls "$OUT" | wc -l) + parts )) -gt "$MAX_FILES" ]; then
+  elif [ $(( $(find "$OUT" -mindepth 1 -maxdepth 1 ! -name 'inductor.tgz.part-*' | wc -l) + parts )) -gt "$MAX_FILES" ]; then
     echo "inductor cache: no room in this call's $MAX_FILES files; a later call brings it back" | tee -a "$log"
-  else
+  else  # an earlier send in this call (two device_call.sh runs in one) is replaced whole: no stale piece joins it
+    rm -f "$OUT"/inductor.tgz.part-*
     split -b "$PIECE_BYTES" "$tgz" "$OUT/inductor.tgz.part-"
     echo "$files" >"$E3Q/inductor.carried"  # these pieces hold it: a later call sends back only a larger cache
   fi

@@ -123,3 +123,16 @@ def test_points_come_back_in_one_file_without_a_half_kept_setting(tmp_path):
         (full / f"f{i}").write_text("")
     _call(tmp_path, "points_back", out="full")
     assert not (full / "curve_points.tgz").exists()  # a ninth file would not come back
+
+
+def test_a_second_send_in_one_call_replaces_the_first_whole(tmp_path):
+    """Two device_call.sh runs in one device call share $OUT: when the second sends the grown cache, none of
+    the first's pieces may stay beside it (cat of the pieces would join a stale tail to the new archive)."""
+    _compile(tmp_path, "spec_a", 2 * PIECE)  # 3 pieces
+    _call(tmp_path, "inductor_back")
+    assert len(_pieces(tmp_path / "out")) == 3
+    (tmp_path / "e3q" / "inductor" / "fxgraph" / "spec_a").write_bytes(os.urandom(10))  # the graph recompiled small
+    _compile(tmp_path, "ours_train", 10)
+    _call(tmp_path, "inductor_back")
+    pieces = _pieces(tmp_path / "out")
+    assert len(pieces) == 1 and "inductor/fxgraph/ours_train" in _unpacked(pieces, tmp_path)
