@@ -215,8 +215,12 @@ def test_retrain_trains_a_saved_training_of_another_recipe_again_and_keeps_one_o
     old result stays until the new one is saved (a cut retraining loses nothing); one of this call's recipe
     (its final point cut by a deadline) is kept and not trained again."""
     trained = []
-    monkeypatch.setattr(run_quality.Bench, "step_ours", lambda self, v: trained.append(v) or
-                        {"final_step": 1000, **self.recipe("ours")})
+
+    def train(self, vocab):
+        trained.append(vocab)
+        return {"final_step": 1000, **self.recipe("ours")}
+
+    monkeypatch.setattr(run_quality.Bench, "step_ours", train)
     first = _bench(tmp_path)
     first.save("prep", {"seconds": 1.0})
     first.save("ours_v32768", {"final_step": 1000, **first.recipe("ours")})
@@ -228,8 +232,7 @@ def test_retrain_trains_a_saved_training_of_another_recipe_again_and_keeps_one_o
     status = _bench(tmp_path, optimizer="muon", lr=1e-3, retrain=True).run(["ours_v32768"])["status"]
     assert "deadline" in status["ours_v32768"]
     assert muon.done("ours_v32768")["optimizer"] == "adamw"  # cut: the old result stays, named as before
-    monkeypatch.setattr(run_quality.Bench, "step_ours", lambda self, v: trained.append(v) or
-                        {"final_step": 1000, **self.recipe("ours")})
+    monkeypatch.setattr(run_quality.Bench, "step_ours", train)
     status = _bench(tmp_path, optimizer="muon", lr=1e-3, retrain=True).run(["ours_v32768"])["status"]
     assert trained == [32768] and muon.done("ours_v32768")["optimizer"] == "muon"
     status = _bench(tmp_path, optimizer="muon", lr=1e-3, retrain=True).run(["ours_v32768"])["status"]
