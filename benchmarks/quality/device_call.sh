@@ -94,7 +94,7 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 left() { echo $(( budget - ($(date +%s) - t0) )); }
 # shellcheck source=benchmarks/quality/device_transfer.sh
 . benchmarks/quality/device_transfer.sh  # what travels between calls: the inductor cache, the points' rows
-inductor_unpack
+case $mode in quality|sweep) inductor_unpack ;; esac  # the race's modes compile; the others need no cache
 if [ "$mode" = quality ]; then
   steps="${3:-all}"
   shift $(( $# < 3 ? $# : 3 ))
