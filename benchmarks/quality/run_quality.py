@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -571,13 +572,22 @@ class Bench:
             self.log(f"curve: {side} draft vocab {vocab} step {step}")
             report = evaluate_export(self.config(vocab), export)
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(path, {"step": step, "evaluator": self.evaluator(), **report}, indent=1)
+            write_json(path, {"step": step, "evaluator": self.evaluator(), **report,
+                              "seconds": round(time.monotonic() - t0, 1)}, indent=1)
             shutil.rmtree(export, ignore_errors=True)
             if step != self.done(f"{side}_v{vocab}")["final_step"]:
                 shutil.rmtree(snap)  # evaluated: ~0.2 GB a checkpoint at 64K vocab, and the disk holds two copies
                 # of the hidden states; the final drafter stays
             evaluated, t_point = evaluated + 1, time.monotonic() - t0
         return {"points": evaluated}
+
+    def curve_need(self, default: float) -> float:
+        """Seconds the curve step needs to start: its slowest point evaluated so far on this machine (export,
+        the target's load and the decode: 26-38 s at 128 prompts on an H100 with the inductor cache carried),
+        or ``default`` before any point recorded its time. A flat 75 s skipped a final point with 45 s left."""
+        took = [json.loads(p.read_text()).get("seconds") for p in (self.work / "curve").glob("*/step-*.json")]
+        took = [t for t in took if isinstance(t, (int, float))]
+        return math.ceil(max(took)) + 5 if took else default
 
     def curves(self) -> dict[int, dict[str, list[dict]]]:
         from summarize import acceptance_ci
@@ -620,7 +630,8 @@ class Bench:
     def run(self, steps: list[str]) -> dict:
         self.steps = steps
         tiny = self.a.tiny
-        # seconds a step needs to start (curve: its first point; one at 128 prompts took 66 s on an H100)
+        # seconds a step needs to start (curve, before any point recorded its time: one at 128 prompts took 66 s on an
+        # H100 before the inductor cache was carried)
         estimates = {"target": 60 if tiny else 300, "spec_warm": 60 if tiny else 330, "prep": 40 if tiny else 200,
                      "spec_data": 20 if tiny else 60, "curve": 20 if tiny else 75, "plot": 5}
         needs = {"spec_warm": ("target",), "prep": ("target",), "spec_data": ("prep",), "curve": (), "plot": ()}
@@ -655,7 +666,7 @@ class Bench:
             trains = side_and_vocab(step)
             if trains:
                 self.join_warm(status)  # nothing else on the GPU while a system's training is timed
-            need = 30 if trains else estimates.get(step, 30)
+            need = 30 if trains else self.curve_need(estimates["curve"]) if step == "curve" else estimates.get(step, 30)
             if step != "plot" and self.left() < need:
                 status[step] = f"skipped: {self.left():.0f}s left, needs ~{need}s"
                 self.log(status[step])

@@ -344,3 +344,18 @@ def test_ours_compiles_into_the_carried_inductor_cache(tmp_path, monkeypatch):
     assert bench.pipeline(512, "train") == 0
     assert envs == [{"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "work" / "inductor")}]
     assert envs[0] == bench.inductor_env()  # the folder speculators' steps use
+
+
+def test_the_curve_starts_when_its_slowest_recorded_point_fits(tmp_path, monkeypatch):
+    """The curve step waited for a flat 75 s: a final point that takes 26-38 s (H100, inductor cache carried) was
+    skipped with 45 s left (eleventh session). It now needs its slowest point recorded on this machine, + 5 s;
+    before any point recorded its time, the flat estimate."""
+    monkeypatch.setattr(run_quality.Bench, "step_curve", lambda self: {"points": 1})
+    bench = _bench(tmp_path, tiny=False, budget_s=45, sides=("ours",), vocabs=[512])
+    assert re.fullmatch(r"skipped: 4\ds left, needs ~75s", bench.run(["curve"])["status"]["curve"])
+    point = bench.point_file(512, "ours", 200)
+    point.parent.mkdir(parents=True)
+    point.write_text(json.dumps({"step": 200, "evaluator": bench.evaluator(), "seconds": 38.2}))
+    assert bench.run(["curve"])["status"]["curve"].startswith("done")
+    point.write_text(json.dumps({"step": 200, "evaluator": bench.evaluator(), "seconds": 61.0}))
+    assert re.fullmatch(r"skipped: 4\ds left, needs ~66s", bench.run(["curve"])["status"]["curve"])
