@@ -98,39 +98,50 @@ case $mode in quality|sweep) inductor_unpack ;; esac  # the race's modes compile
 if [ "$mode" = quality ]; then
   steps="${3:-all}"
   shift $(( $# < 3 ? $# : 3 ))
-  python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(( $(left) - 15 ))" --steps "$steps" "$@" \
+  python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" --budget-s "$(( $(left) - 15 ))" --steps "$steps" "$@" \
     2>&1 | tee -a "$log"
-  cp /tmp/e3q/target_meta.json "$OUT/" 2>/dev/null
+  cp "$E3Q/target_meta.json" "$OUT/" 2>/dev/null
   inductor_back
   points_back
 elif [ "$mode" = sweep ]; then
-  # Ours' optimizer and lr on the target call 1 made (ours_v*,curve per setting, the final point alone):
-  #   sweep BUDGET_S "adamw:5e-4 muon:1e-3 restore:adamw_5e-4" FLAGS
-  # Each setting's training and final point are kept in /tmp/e3q/sweep/<optimizer>_<lr> and its summary in
-  # $OUT/sweep_<optimizer>_<lr>.json; a setting kept already is not trained again. restore:<optimizer>_<lr> puts
-  # one back as ours' result, so speculators can race it (--optimizer, --lr as that setting's) without retraining ours.
+  # Ours' optimizer and lr (and any of ours' own run_quality flags) on the target call 1 made (ours_v*,curve per
+  # setting, the final point alone):
+  #   sweep BUDGET_S "adamw:5e-4 muon:2e-3:lm-head=target-frozen:min-lr-ratio=0 restore:adamw_5e-4" FLAGS
+  # A setting is optimizer:lr, then flag=value pieces passed as --flag value; its name joins them with _ (= as -):
+  # muon_2e-3_lm-head-target-frozen_min-lr-ratio-0. Each setting's training and final point are kept in
+  # /tmp/e3q/sweep/<name> and its summary in $OUT/sweep_<name>.json; a setting kept already is not trained again.
+  # restore:<name> puts one back as ours' result, so speculators can race it (--optimizer, --lr and ours' flags as
+  # that setting's, or the race names the recipe change) without retraining ours.
   settings=$3
   shift 3
   for s in $settings; do
-    opt=${s%%:*}; arg=${s#*:}
+    opt=${s%%:*}; arg=${s#*:}; extra=()
+    if [ "$opt" != restore ]; then
+      IFS=: read -ra pieces <<< "$arg"; arg=${pieces[0]}; name=${opt}_$arg
+      for kv in "${pieces[@]:1}"; do
+        case $kv in *=*) ;; *) echo "sweep: $kv in $s is not flag=value" | tee -a "$log"; exit 1 ;; esac
+        extra+=("--${kv%%=*}" "${kv#*=}"); name=${name}_${kv//=/-}
+      done
+    fi
     if [ "$opt" = restore ]; then
-      st=/tmp/e3q/sweep/$arg
+      st=$E3Q/sweep/$arg
       [ -d "$st" ] || { echo "sweep: nothing kept as $arg" | tee -a "$log"; exit 1; }
       for d in results recipes curve snapshots; do
-        rm -rf /tmp/e3q/$d/ours[-_]v*
-        mkdir -p /tmp/e3q/$d && cp -a "$st/$d/." /tmp/e3q/$d/
+        rm -rf "$E3Q/$d"/ours[-_]v*
+        mkdir -p "$E3Q/$d" && cp -a "$st/$d/." "$E3Q/$d/"
       done
       echo "sweep: ours is the $arg training again" | tee -a "$log"
       continue
     fi
-    name=${opt}_$arg; st=/tmp/e3q/sweep/$name
+    st=$E3Q/sweep/$name
     if [ -d "$st" ]; then echo "sweep: $name kept earlier" | tee -a "$log"; continue; fi
     if [ "$(left)" -lt 160 ]; then echo "sweep: $(left) s left; $name next call" | tee -a "$log"; break; fi
     # --retrain: the previous setting's training is trained again; one of this setting whose final point a
     # deadline cut is kept and evaluated
     rm -f "$OUT/quality_race.json"  # the previous setting's report must not speak for this one
-    python3 benchmarks/quality/run_quality.py --work /tmp/e3q --out "$OUT" --budget-s "$(( $(left) - 15 ))" \
-      --steps ours,curve "$@" --optimizer "$opt" --lr "$arg" --checkpoint-every 1000 --retrain 2>&1 | tee -a "$log"
+    python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" --budget-s "$(( $(left) - 15 ))" \
+      --steps ours,curve "$@" --optimizer "$opt" --lr "$arg" "${extra[@]}" --checkpoint-every 1000 --retrain 2>&1 \
+      | tee -a "$log"
     # kept only when this call's report says ours trained (or was kept) and its final point was evaluated: a
     # skipped or cut retraining leaves the previous setting's result in place, not this one's
     done=0
@@ -138,7 +149,7 @@ elif [ "$mode" = sweep ]; then
 print(int(all(v.startswith('done') for k, v in st.items() if k.startswith('ours_v') or k == 'curve')))" "$OUT/quality_race.json")
     if [ "$done" = 1 ]; then  # copied whole, then named: a kill mid-copy leaves no half setting to restore
       rm -rf "$st.part"
-      for d in results recipes curve snapshots; do mkdir -p "$st.part/$d" && cp -a /tmp/e3q/$d/ours[-_]v* "$st.part/$d/"; done
+      for d in results recipes curve snapshots; do mkdir -p "$st.part/$d" && cp -a "$E3Q/$d"/ours[-_]v* "$st.part/$d/"; done
       mv "$st.part" "$st"
       cp "$OUT/quality_race.json" "$OUT/sweep_$name.json"
       echo "sweep: $name kept" | tee -a "$log"

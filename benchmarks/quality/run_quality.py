@@ -184,6 +184,7 @@ class Bench:
             "train": {"epochs": 1000, "max_steps": a.train_steps, "batch_tokens": a.batch_tokens,
                       "max_seq_len": 2048, "lr": a.lr, "warmup_steps": a.warmup_steps, "ttt_steps": 7,
                       "ttt_decay": a.ttt_decay, "teacher_temperature": a.teacher_temperature, "optimizer": a.optimizer,
+                      "lm_head": a.lm_head, "min_lr_ratio": a.min_lr_ratio,
                       "checkpoint_every": a.checkpoint_every, "log_every": 5,
                       "eval_fraction": 0.02, "weight_decay": 0.0, "compile": a.train_compile},
             "evaluate": {"prompts": str(self.work / "prompts_heldout.jsonl"), "num_prompts": a.eval_prompts,
@@ -495,9 +496,9 @@ class Bench:
     def recipe(self, side: str) -> dict:
         """What a side's training result was trained with, beyond the data: a later call with other flags
         must not take it as its own (run() names the difference instead)."""
-        from summarize import SHARED
+        from summarize import OURS_OWN, SHARED
 
-        own = {"teacher_temperature": self.a.teacher_temperature} if side == "ours" else {"loss_fn": SPEC_LOSS[side]}
+        own = {k: getattr(self.a, k) for k in OURS_OWN} if side == "ours" else {"loss_fn": SPEC_LOSS[side]}
         return {**{k: getattr(self.a, k) for k in SHARED}, **own}  # the flags are named as the recipe's keys
 
     def recipe_change(self, step: str) -> str | None:
@@ -705,7 +706,8 @@ class StepFailed(Exception):
     pass
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The race's flags with their defaults filled in; bad ones end the call in one line."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, required=True, help="state kept between calls (e.g. /tmp/e3q)")
     ap.add_argument("--out", type=Path, required=True, help="where the summary and plot go ($OUT)")
@@ -733,6 +735,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttt-decay", type=float, default=0.8, help="loss weight of TTT step k is decay**k (both systems)")
     ap.add_argument("--teacher-temperature", type=float, default=1.0, help="ours: train.teacher_temperature "
                     "(below 1 sharpens the teacher for greedy decoding, which the evaluator measures)")
+    ap.add_argument("--lm-head", choices=("target", "target-frozen", "random"), default="target", help="ours: "
+                    "train.lm_head (target-frozen keeps the target's head rows, as speculators does)")
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1, help="ours: train.min_lr_ratio, where the cosine "
+                    "ends (speculators' cosine ends at 0)")
     ap.add_argument("--train-compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--warmup-steps", type=int, default=30)
     ap.add_argument("--eval-prompts", type=int, default=64)
@@ -747,8 +753,9 @@ def main(argv: list[str] | None = None) -> int:
     a.sides = tuple(s for s in a.sides.split(",") if s)
     if a.sides[:1] != ("ours",) or not set(a.sides) <= set(SIDES) or len(set(a.sides)) != len(a.sides):
         raise SystemExit(f"--sides: ours first, then any of {', '.join(s for s in SIDES if s != 'ours')}, each once")
-    if not a.teacher_temperature > 0 or not 0 < a.ttt_decay <= 1:
-        raise SystemExit("--teacher-temperature must be above 0 and --ttt-decay in (0, 1] (the train stage's bounds)")
+    if not a.teacher_temperature > 0 or not 0 < a.ttt_decay <= 1 or not 0 <= a.min_lr_ratio <= 1:
+        raise SystemExit("--teacher-temperature must be above 0, --ttt-decay in (0, 1] and --min-lr-ratio in [0, 1] "
+                         "(the train stage's bounds)")
     a.vocabs = [int(v) for v in (a.draft_vocabs or ("512,1024,2048" if a.tiny else "16384,32768,64000")).split(",")]
     if a.train_steps is None:
         a.train_steps = 12 if a.tiny else 1200
@@ -760,6 +767,11 @@ def main(argv: list[str] | None = None) -> int:
         a.prompts_train = 10240
     if a.tiny:
         a.batch_tokens = min(a.batch_tokens, 2048)
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     sys.path.insert(0, str(HERE))
     summary = Bench(a).run(select_steps(a.steps, a.vocabs, a.sides))
     print(json.dumps(summary["headline"], indent=2, default=str))

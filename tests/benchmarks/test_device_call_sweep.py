@@ -1,0 +1,82 @@
+"""device_call.sh's sweep: each of ours' settings trained on one target, kept under its own name, and put back
+for speculators to race. Run with a stand-in harness (a test double of run_quality.py that records its flags and
+writes what a finished setting leaves) and stand-ins for nvidia-smi and pip: the GPU machine is not here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+HARNESS_DOUBLE = """
+import json, sys
+from pathlib import Path
+argv = sys.argv[1:]
+work, out = Path(argv[argv.index("--work") + 1]), Path(argv[argv.index("--out") + 1])
+with open(work / "calls.jsonl", "a") as f:
+    f.write(json.dumps(argv) + "\\n")
+flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}  # the last one wins
+recipe = {"optimizer": flags["--optimizer"], "lr": float(flags["--lr"]), "lm_head": flags.get("--lm-head", "target")}
+for d, name in (("results", "ours_v512.json"), ("recipes", "ours-v512.json"), ("curve", "ours-v512/step-0001000.json")):
+    (work / d / name).parent.mkdir(parents=True, exist_ok=True)
+    (work / d / name).write_text(json.dumps(recipe))
+(work / "snapshots" / "ours-v512").mkdir(parents=True, exist_ok=True)
+(out / "quality_race.json").write_text(json.dumps({"status": {"ours_v512": "done in 1s", "curve": "done in 1s"}}))
+"""
+
+
+def _sweep(tmp_path: Path, settings: str, *flags: str) -> subprocess.CompletedProcess:
+    stubs = tmp_path / "bin"
+    stubs.mkdir(exist_ok=True)
+    (tmp_path / "harness_double.py").write_text(HARNESS_DOUBLE)
+    (stubs / "python3").write_text(
+        "#!/bin/bash\n"
+        f'if [ "$1" = benchmarks/quality/run_quality.py ]; then shift; exec {sys.executable} {tmp_path}/harness_double.py "$@"; fi\n'
+        '[ "$1" = -m ] && exit 0  # pip: the wheels are the GPU machine\'s\n'
+        f'exec {sys.executable} "$@"\n')
+    (stubs / "nvidia-smi").write_text("#!/bin/bash\necho 'test double of nvidia-smi'\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    (tmp_path / "out").mkdir(exist_ok=True)
+    (tmp_path / "carried").mkdir(exist_ok=True)
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "E3Q": str(tmp_path / "e3q"),
+           "OUT": str(tmp_path / "out"), "CARRIED": str(tmp_path / "carried")}
+    (tmp_path / "e3q").mkdir(exist_ok=True)
+    return subprocess.run(["bash", "benchmarks/quality/device_call.sh", "sweep", "600", settings, *flags],
+                          cwd=REPO, env=env, capture_output=True, text=True, check=False)
+
+
+def _calls(tmp_path: Path) -> list[list[str]]:
+    path = tmp_path / "e3q" / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_setting_passes_ours_flags_after_the_races_and_is_kept_under_its_name(tmp_path):
+    done = _sweep(tmp_path, "muon:2e-3:lm-head=target-frozen:min-lr-ratio=0 adamw:5e-4", "--draft-vocabs", "512",
+                  "--lm-head", "target")
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, second = _calls(tmp_path)
+    assert first[first.index("--optimizer"):first.index("--checkpoint-every")] == [
+        "--optimizer", "muon", "--lr", "2e-3", "--lm-head", "target-frozen", "--min-lr-ratio", "0"]
+    assert first.index("--lm-head") < first.index("--lm-head", first.index("--optimizer"))  # the setting's comes last
+    assert second[second.index("--optimizer"):second.index("--checkpoint-every")] == ["--optimizer", "adamw", "--lr", "5e-4"]
+    name = "muon_2e-3_lm-head-target-frozen_min-lr-ratio-0"
+    kept = tmp_path / "e3q" / "sweep" / name / "results" / "ours_v512.json"
+    assert json.loads(kept.read_text()) == {"optimizer": "muon", "lr": 0.002, "lm_head": "target-frozen"}
+    assert (tmp_path / "out" / f"sweep_{name}.json").exists() and (tmp_path / "out" / "sweep_adamw_5e-4.json").exists()
+    # kept settings are not trained again; restore puts the named one back as ours' result
+    done = _sweep(tmp_path, f"muon:2e-3:lm-head=target-frozen:min-lr-ratio=0 restore:{name}")
+    assert done.returncode == 0 and len(_calls(tmp_path)) == 2
+    assert f"{name} kept earlier" in done.stdout and f"ours is the {name} training again" in done.stdout
+    assert json.loads((tmp_path / "e3q" / "results" / "ours_v512.json").read_text())["lm_head"] == "target-frozen"
+
+
+def test_a_setting_piece_that_is_not_flag_equals_value_ends_the_call_in_one_line(tmp_path):
+    done = _sweep(tmp_path, "muon:2e-3:frozen", "--draft-vocabs", "512")
+    assert done.returncode == 1 and _calls(tmp_path) == []
+    assert [line for line in done.stdout.splitlines() if line.startswith("sweep:")] == [
+        "sweep: frozen in muon:2e-3:frozen is not flag=value"]
