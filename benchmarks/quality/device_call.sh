@@ -76,6 +76,11 @@
 #     3. quality 185 curve,plot (same) ; sweep 370 "muon:1e-3 adamw:5e-4" $FLAGS   in one device call, 360 s
 #   Muon race: ours 4.498, speculators 4.412: 1.019x [0.979, 1.062], a tie; ours AdamW on that target 4.285
 #   (docs/benchmarks.md "Both at speculators' default optimizer"). 259 s of the session left, given back.
+#   Eleventh session (2026-12-06, H100, quick start): call 1 as the tenth's (485 s), then sweep 560 "muon:1e-3 muon:2e-3
+#   muon:4e-3" (359 s: 4.657, 4.766, 4.749), then per lr (2e-3, 4e-3, 1e-3) sweep 30 "restore:muon_<lr>";
+#   quality <budget> spec_v32768,curve,plot $FLAGS --optimizer muon --lr <lr> [--retrain] (302, 293, 210 s): speculators
+#   5.082 at 2e-3 (ours 0.938x), 4.922 at 4e-3 (0.965x), 1e-3's point cut (docs/benchmarks.md "Muon's learning rate").
+#   Next: that section's plan (sweep settings with ours' flags: muon:2e-3:lm-head=target-frozen ...).
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
