@@ -184,7 +184,7 @@ class Bench:
             "train": {"epochs": 1000, "max_steps": a.train_steps, "batch_tokens": a.batch_tokens,
                       "max_seq_len": 2048, "lr": a.lr, "warmup_steps": a.warmup_steps, "ttt_steps": 7,
                       "ttt_decay": a.ttt_decay, "teacher_temperature": a.teacher_temperature, "optimizer": a.optimizer,
-                      "lm_head": a.lm_head, "min_lr_ratio": a.min_lr_ratio,
+                      "lm_head": a.lm_head, "min_lr_ratio": a.min_lr_ratio, "adamw_lr": a.adamw_lr,
                       "checkpoint_every": a.checkpoint_every, "log_every": 5,
                       "eval_fraction": 0.02, "weight_decay": 0.0, "compile": a.train_compile},
             "evaluate": {"prompts": str(self.work / "prompts_heldout.jsonl"), "num_prompts": a.eval_prompts,
@@ -739,6 +739,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "train.lm_head (target-frozen keeps the target's head rows, as speculators does)")
     ap.add_argument("--min-lr-ratio", type=float, default=0.1, help="ours: train.min_lr_ratio, where the cosine "
                     "ends (speculators' cosine ends at 0)")
+    ap.add_argument("--adamw-lr", type=float, default=None, help="ours with --optimizer muon: train.adamw_lr, the "
+                    "peak lr of the draft head and norms (default --lr; speculators' head is frozen)")
     ap.add_argument("--train-compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--warmup-steps", type=int, default=30)
     ap.add_argument("--eval-prompts", type=int, default=64)
@@ -753,9 +755,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.sides = tuple(s for s in a.sides.split(",") if s)
     if a.sides[:1] != ("ours",) or not set(a.sides) <= set(SIDES) or len(set(a.sides)) != len(a.sides):
         raise SystemExit(f"--sides: ours first, then any of {', '.join(s for s in SIDES if s != 'ours')}, each once")
-    if not a.teacher_temperature > 0 or not 0 < a.ttt_decay <= 1 or not 0 <= a.min_lr_ratio <= 1:
-        raise SystemExit("--teacher-temperature must be above 0, --ttt-decay in (0, 1] and --min-lr-ratio in [0, 1] "
-                         "(the train stage's bounds)")
+    if not a.teacher_temperature > 0 or not 0 < a.ttt_decay <= 1 or not 0 <= a.min_lr_ratio <= 1 \
+            or not (a.adamw_lr is None or a.adamw_lr > 0):
+        raise SystemExit("--teacher-temperature and --adamw-lr must be above 0, --ttt-decay in (0, 1] and "
+                         "--min-lr-ratio in [0, 1] (the train stage's bounds)")
     a.vocabs = [int(v) for v in (a.draft_vocabs or ("512,1024,2048" if a.tiny else "16384,32768,64000")).split(",")]
     if a.train_steps is None:
         a.train_steps = 12 if a.tiny else 1200

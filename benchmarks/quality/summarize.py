@@ -19,14 +19,15 @@ SEED = 0
 # What a training result was trained with beyond the data (run_quality.Bench.recipe), and what a result saved
 # before that was kept was trained with. The keys both systems take must match for an acceptance ratio.
 RECIPE_DEFAULTS: dict[str, Any] = {"train_steps": None, "ttt_decay": 0.8, "optimizer": "adamw", "lr": 5e-4,
-                                   "teacher_temperature": 1.0, "lm_head": "target", "min_lr_ratio": 0.1,
+                                   "teacher_temperature": 1.0, "lm_head": "target", "min_lr_ratio": 0.1, "adamw_lr": None,
                                    "loss_fn": "kl_div"}
 # What a curve point's number depends on besides the drafter; a point saved before it was kept was decoded so.
 EVALUATOR_DEFAULTS: dict[str, Any] = {"eval_prompts": 64, "eval_new_tokens": 96, "draft_tokens": 7}
 SHARED = ("train_steps", "ttt_decay", "optimizer", "lr")  # what both systems train with; then each its own key
 MATCHED = ("ttt_decay", "optimizer", "lr")  # train_steps: a side short of the race's steps counts as missing
-# ours' own settings (the train stage's): the teacher, the draft head trained or frozen, where the cosine ends
-OURS_OWN = ("teacher_temperature", "lm_head", "min_lr_ratio")
+# ours' own settings (the train stage's): the teacher, the draft head trained or frozen, where the cosine ends, the
+# peak lr of Muon's AdamW group (the head and norms; None: --lr)
+OURS_OWN = ("teacher_temperature", "lm_head", "min_lr_ratio", "adamw_lr")
 
 
 def steady(records: list[dict[str, Any]], key: str = "tokens_per_s", skip: float = 0.2,

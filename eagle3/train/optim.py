@@ -7,7 +7,8 @@ Muon wants a larger lr: TrainSettings.optimizer); AdamW over the rest: the draft
 (embedding-like, kept on AdamW as Muon's authors and speculators do) and the norms. speculators
 0.9.0 trains with this split by default.
 
-Every optimizer follows the same warm-up and cosine (``schedule.lr_factor``). A checkpoint
+Every optimizer follows the same warm-up and cosine (``schedule.lr_factor``), each from its own peak: Muon's
+``lr``, its AdamW group's ``adamw_lr`` where set. A checkpoint
 holds all optimizers' state in one dict keyed by parameter name
 (``torch.distributed.checkpoint``'s full state dict), so DDP, FSDP and one process resume alike.
 """
@@ -49,14 +50,14 @@ class Optimizers:
                 matrices, lr=s.lr, weight_decay=s.muon_weight_decay, momentum=s.muon_momentum,
                 adjust_lr_fn="match_rms_adamw")]
             if rest:
-                self.all.append(torch.optim.AdamW(rest, **adamw))
+                self.all.append(torch.optim.AdamW(rest, **{**adamw, "lr": s.adamw_lr or s.lr}))
         else:
             self.all = [torch.optim.AdamW([p for _, p in named], **adamw)]
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in self.all]
 
     @property
     def lr(self) -> float:
-        """The peak-scaled lr the next step uses (the same for every optimizer)."""
+        """The scheduled lr the next step uses (the first optimizer's: Muon's, or the one AdamW's)."""
         return self.schedulers[0].get_last_lr()[0]
 
     def step(self) -> None:

@@ -21,7 +21,8 @@ run_quality, curve = load("run_quality"), load("curve")
 def _bench(tmp_path, **flags):
     """A race's Bench over ``tmp_path`` with the race's flags, ``flags`` changed (nothing runs)."""
     a = argparse.Namespace(work=tmp_path / "work", out=tmp_path / "out", budget_s=60, train_steps=1000, ttt_decay=0.8,
-                           teacher_temperature=1.0, lm_head="target", min_lr_ratio=0.1, optimizer="adamw", lr=5e-4,
+                           teacher_temperature=1.0, lm_head="target", min_lr_ratio=0.1, adamw_lr=None, optimizer="adamw",
+                           lr=5e-4,
                            sides=("ours", "spec", "specce"),
                            vocabs=[32768], tiny=True, retrain=False,
                            eval_prompts=64, eval_new_tokens=96, draft_tokens=7)
@@ -214,13 +215,14 @@ def test_a_saved_training_of_another_recipe_is_named_not_taken(tmp_path):
     # ours' head and schedule end are ours alone: a training saved before they were kept had the train stage's
     # defaults (head trained, cosine to 0.1 lr); speculators' result does not change with them
     b.save("ours_v32768", {"final_step": 1000, "train_steps": 1000, "teacher_temperature": 0.25})
-    frozen = _bench(tmp_path, teacher_temperature=0.25, lm_head="target-frozen", min_lr_ratio=0.0)
-    assert frozen.recipe_change("ours_v32768") == "lm_head target (now target-frozen), min_lr_ratio 0.1 (now 0.0)"
+    frozen = _bench(tmp_path, teacher_temperature=0.25, lm_head="target-frozen", min_lr_ratio=0.0, adamw_lr=5e-4)
+    assert frozen.recipe_change("ours_v32768") == ("lm_head target (now target-frozen), min_lr_ratio 0.1 (now 0.0), "
+                                                   "adamw_lr None (now 0.0005)")
     assert frozen.recipe_change("spec_v32768") is None
     flags = ["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--tiny", "--draft-vocabs", "512",
-             "--lm-head", "target-frozen", "--min-lr-ratio", "0"]
+             "--lm-head", "target-frozen", "--min-lr-ratio", "0", "--adamw-lr", "5e-4"]
     train = yaml.safe_load(run_quality.Bench(run_quality.parse_args(flags)).config(512).read_text())["train"]
-    assert (train["lm_head"], train["min_lr_ratio"]) == ("target-frozen", 0.0)
+    assert (train["lm_head"], train["min_lr_ratio"], train["adamw_lr"]) == ("target-frozen", 0.0, 5e-4)
     assert TrainSettings(**train).lm_head == "target-frozen"  # keys the train stage reads, not a typo it ignores
 
 
@@ -290,9 +292,10 @@ def test_a_done_marker_killed_while_written_is_the_old_one_or_the_new_one(tmp_pa
 
 def test_bad_recipe_flags_are_one_line_before_anything_runs(tmp_path, capsys):
     base = ["--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--tiny", "--steps", "plot"]
-    for flags, said in ((["--teacher-temperature", "0"], "--teacher-temperature must be above 0"),
+    for flags, said in ((["--teacher-temperature", "0"], "--teacher-temperature and --adamw-lr must be above 0"),
                         (["--ttt-decay", "1.5"], "--ttt-decay in (0, 1]"),
                         (["--min-lr-ratio", "-0.1"], "--min-lr-ratio in [0, 1]"),
+                        (["--adamw-lr", "0"], "--adamw-lr must be above 0"),
                         (["--sides", "spec,ours"], "--sides: ours first")):
         with pytest.raises(SystemExit, match=re.escape(said)):
             run_quality.main(base + flags)

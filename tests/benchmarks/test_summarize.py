@@ -141,7 +141,8 @@ def test_no_acceptance_ratio_between_sides_trained_with_different_decays():
     assert head["speculators"]["recipe"] == {"train_steps": None, "ttt_decay": 0.8, "optimizer": "adamw", "lr": 5e-4,
                                              "loss_fn": "kl_div"}
     assert head["eagle3ctl"]["recipe"] == {"train_steps": 12, "ttt_decay": 0.6, "optimizer": "adamw", "lr": 5e-4,
-                                           "teacher_temperature": 0.1, "lm_head": "target", "min_lr_ratio": 0.1}
+                                           "teacher_temperature": 0.1, "lm_head": "target", "min_lr_ratio": 0.1,
+                                           "adamw_lr": None}
     assert head["throughput_ratio"] == "not reported: eagle3ctl, speculators missing"  # no numbers, not refused for recipe
 
 

@@ -91,3 +91,25 @@ def test_vectors_stored_as_matrices_and_embeddings_stay_on_adamw():
     assert not muon_matrix("drafter.embed_tokens.weight", torch.zeros(96, 32))
     assert not muon_matrix("drafter.lm_head.weight", torch.zeros(48, 32))
     assert not muon_matrix("drafter.norm.weight", torch.zeros(32))
+
+
+def test_the_adamw_group_under_muon_follows_the_schedule_from_its_own_peak():
+    """train.adamw_lr: the draft head and the norms at their own peak lr beside Muon's, warmed up and decayed by the
+    same schedule; unset, both start from lr; with optimizer adamw it changes nothing."""
+    obj = objective()
+    opts = optimizers(obj, optimizer="muon", adamw_lr=2.5e-4)
+    seen = []
+    for _ in range(4):
+        for p in obj.parameters():
+            if p.requires_grad:
+                p.grad = torch.randn_like(p)
+        seen.append([o.param_groups[0]["lr"] for o in opts.all])
+        opts.step()
+    factors = [lr_factor(st, 2, 10, 0.1) for st in range(4)]
+    assert [m for m, _ in seen] == pytest.approx([1e-3 * f for f in factors])
+    assert [a for _, a in seen] == pytest.approx([2.5e-4 * f for f in factors])
+    assert opts.lr == pytest.approx(1e-3 * lr_factor(4, 2, 10, 0.1))
+    adamw_only = optimizers(objective(), optimizer="adamw", adamw_lr=2.5e-4)
+    assert [g["initial_lr"] for o in adamw_only.all for g in o.param_groups] == [1e-3]
+    with pytest.raises(ValueError, match="adamw_lr"):
+        TrainSettings(optimizer="muon", adamw_lr=0)
