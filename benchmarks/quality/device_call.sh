@@ -119,15 +119,15 @@ elif [ "$mode" = sweep ]; then
   # that setting's, or the race names the recipe change) without retraining ours.
   settings=$3
   shift 3
+  for s in $settings; do  # every setting read before any trains: a typo in the last must not end a sweep midway
+    [[ $s == restore:* ]] && continue
+    IFS=: read -ra pieces <<< "$s"
+    for kv in "${pieces[@]:2}"; do
+      [[ $kv == *=* ]] || { echo "sweep: $kv in $s is not flag=value" | tee -a "$log"; exit 1; }
+    done
+  done
   for s in $settings; do
-    opt=${s%%:*}; arg=${s#*:}; extra=()
-    if [ "$opt" != restore ]; then
-      IFS=: read -ra pieces <<< "$arg"; arg=${pieces[0]}; name=${opt}_$arg
-      for kv in "${pieces[@]:1}"; do
-        case $kv in *=*) ;; *) echo "sweep: $kv in $s is not flag=value" | tee -a "$log"; exit 1 ;; esac
-        extra+=("--${kv%%=*}" "${kv#*=}"); name=${name}_${kv//=/-}
-      done
-    fi
+    opt=${s%%:*}; arg=${s#*:}
     if [ "$opt" = restore ]; then
       st=$E3Q/sweep/$arg
       [ -d "$st" ] || { echo "sweep: nothing kept as $arg" | tee -a "$log"; exit 1; }
@@ -138,6 +138,8 @@ elif [ "$mode" = sweep ]; then
       echo "sweep: ours is the $arg training again" | tee -a "$log"
       continue
     fi
+    IFS=: read -ra pieces <<< "$arg"; arg=${pieces[0]}; name=${opt}_$arg; extra=()
+    for kv in "${pieces[@]:1}"; do extra+=("--${kv%%=*}" "${kv#*=}"); name=${name}_${kv//=/-}; done
     st=$E3Q/sweep/$name
     if [ -d "$st" ]; then echo "sweep: $name kept earlier" | tee -a "$log"; continue; fi
     if [ "$(left)" -lt 160 ]; then echo "sweep: $(left) s left; $name next call" | tee -a "$log"; break; fi

@@ -75,8 +75,8 @@ def test_a_setting_passes_ours_flags_after_the_races_and_is_kept_under_its_name(
     assert json.loads((tmp_path / "e3q" / "results" / "ours_v512.json").read_text())["lm_head"] == "target-frozen"
 
 
-def test_a_setting_piece_that_is_not_flag_equals_value_ends_the_call_in_one_line(tmp_path):
-    done = _sweep(tmp_path, "muon:2e-3:frozen", "--draft-vocabs", "512")
-    assert done.returncode == 1 and _calls(tmp_path) == []
+def test_a_setting_piece_that_is_not_flag_equals_value_ends_the_call_in_one_line_before_any_trains(tmp_path):
+    done = _sweep(tmp_path, "muon:2e-3 muon:4e-3:frozen", "--draft-vocabs", "512")
+    assert done.returncode == 1 and _calls(tmp_path) == []  # the first, well formed, did not train either
     assert [line for line in done.stdout.splitlines() if line.startswith("sweep:")] == [
-        "sweep: frozen in muon:2e-3:frozen is not flag=value"]
+        "sweep: frozen in muon:4e-3:frozen is not flag=value"]
