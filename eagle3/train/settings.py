@@ -41,10 +41,10 @@ class TrainSettings(BaseModel):
                                      "stays AdamW's); speculators' default.")
     muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's (Nesterov) momentum.")
     adamw_lr: float | None = Field(None, gt=0, description=(
-        "With optimizer muon: the peak lr of the AdamW group (the trained draft head and the norms); unset: lr. "
-        "The head's AdamW steps are near lr each, so at the lrs Muon wants a rare token's head row random-walks "
-        "about lr·sqrt(steps), near its own size at 2e-3 for 1,000 steps (speculators keeps the head frozen). "
-        "Unused with adamw."))
+        "With optimizer muon: the peak lr of the AdamW group (the trained draft head and the norms), on the same "
+        "schedule; unset: lr. AdamW's steps are near lr each, larger than the head wants at the lrs Muon wants "
+        "(speculators keeps the head frozen): on the CPU, under Muon at 2.5x and 5x its best lr, adamw_lr at "
+        "AdamW's own best won back 1.8 and 2.4 % of acceptance (docs/benchmarks.md). Unused with adamw."))
     lm_head: str = Field("target", pattern="^(target-frozen|target|random)$", description=(
         "The draft head's start: the target's lm_head rows of the draft vocab, trained (target) or kept frozen "
         "(target-frozen, as speculators does: no head gradient to compute); or a random init (random). From "
