@@ -555,12 +555,12 @@ class Bench:
         from curve import evaluate_export, export_our_checkpoint
         from spec_train import export_ours
 
-        evaluated, t_point = 0, None
+        evaluated = 0
         for vocab, side, step, snap in self.curve_points():
             path = self.point_file(vocab, side, step)
             if self.point(vocab, side, step) is not None:
                 continue
-            if t_point is not None and self.left() < 1.5 * t_point + 10:
+            if evaluated and self.left() < self.curve_need(0):  # this call's points have recorded their time
                 raise StepFailed(f"deadline: {evaluated} points evaluated in this call, the rest next call")
             t0 = time.monotonic()
             export = self.work / "exports" / f"{side}-v{vocab}" / snap.name
@@ -579,13 +579,14 @@ class Bench:
             if step != self.done(f"{side}_v{vocab}")["final_step"]:
                 shutil.rmtree(snap)  # evaluated: ~0.2 GB a checkpoint at 64K vocab, and the disk holds two copies
                 # of the hidden states; the final drafter stays
-            evaluated, t_point = evaluated + 1, time.monotonic() - t0
+            evaluated += 1
         return {"points": evaluated}
 
     def curve_need(self, default: float) -> float:
-        """Seconds the curve step needs to start: its slowest point evaluated so far on this machine (export,
-        the target's load and the decode: 26-38 s at 128 prompts on an H100 with the inductor cache carried),
-        or ``default`` before any point recorded its time. A flat 75 s skipped a final point with 45 s left."""
+        """Seconds the next curve point needs: the slowest evaluated so far on this machine + 5 s (export, the
+        target's load and the decode: 26-38 s at 128 prompts on an H100 with the inductor cache carried), or
+        ``default`` before any point recorded its time. One rule for the curve step's start and each point after
+        it; a flat 75 s to start skipped a final point with 45 s left."""
         took = [json.loads(p.read_text()).get("seconds") for p in (self.work / "curve").glob("*/step-*.json")]
         took = [t for t in took if isinstance(t, (int, float))]
         return math.ceil(max(took)) + 5 if took else default

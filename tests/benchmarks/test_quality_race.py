@@ -377,3 +377,36 @@ def test_the_curve_starts_when_its_slowest_recorded_point_fits(tmp_path, monkeyp
     assert bench.run(["curve"])["status"]["curve"].startswith("done")
     point.write_text(json.dumps({"step": 200, "evaluator": bench.evaluator(), "seconds": 61.0}))
     assert re.fullmatch(r"skipped: 4\ds left, needs ~66s", bench.run(["curve"])["status"]["curve"])
+
+
+def test_each_curve_point_after_the_first_waits_for_the_slowest_recorded_point(tmp_path, monkeypatch):
+    """Within the curve step the same rule holds as at its start: the next point needs the slowest point recorded
+    on this machine + 5 s, so a fast first point in this call does not start a slow one the deadline cuts."""
+    import importlib
+    import time
+
+    flags = ["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--tiny", "--draft-vocabs", "512",
+             "--sides", "ours,spec", "--train-steps", "1000"]
+    step_curves_module = importlib.import_module("curve")  # what step_curve imports, by the script's own name
+    bench = run_quality.Bench(run_quality.parse_args(flags))
+    bench.save("ours_v512", {"final_step": 1000, **bench.recipe("ours")})
+    for step in (200, 1000):
+        snap = bench.snapshots("ours", 512) / f"step-{step:07d}"
+        snap.mkdir(parents=True)
+        (snap / curve.MODEL).write_bytes(b"w")
+    (bench.snapshots("ours", 512) / "drafter_config.json").write_text("{}")
+    slow = bench.point_file(512, "spec", 1000)  # speculators' final, decoded earlier on this machine in 30 s
+    slow.parent.mkdir(parents=True)
+    slow.write_text(json.dumps({"step": 1000, "evaluator": bench.evaluator(), "seconds": 30.0}))
+    decoded = []
+
+    def decode_double(config, export):  # a test double of curve.evaluate_export: instant, 20 s left after it
+        decoded.append(export.name)
+        bench.deadline = time.monotonic() + 20
+        return {"mean_acceptance_length": 3.0, "per_prompt": []}
+
+    monkeypatch.setattr(step_curves_module, "evaluate_export", decode_double)
+    monkeypatch.setattr(step_curves_module, "export_our_checkpoint", lambda *a: None)
+    with pytest.raises(run_quality.StepFailed, match="deadline: 1 points evaluated"):
+        bench.step_curve()
+    assert decoded == ["step-0001000"]  # the final first; step 200 (needs ~35 s) waits for the next call
