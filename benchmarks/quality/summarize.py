@@ -9,9 +9,12 @@ of prompts, not of the systems.
 
 from __future__ import annotations
 
+import argparse
+import json
 import random
 import statistics
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 DRAWS = 2000
@@ -179,9 +182,6 @@ def paired(path_a: str, path_b: str) -> dict[str, Any]:
     them back in ``curve_points.tgz``) compared on the prompts both decoded: each mean with its interval
     and the paired ratio A / B. Two trainings of one side on one target (a sweep's settings) have no
     ratio in the race's summary; this gives it. Points of different evaluators are refused."""
-    import json
-    from pathlib import Path
-
     reports = []
     for path in (path_a, path_b):
         try:
@@ -200,9 +200,6 @@ def paired(path_a: str, path_b: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-    import json
-
     ap = argparse.ArgumentParser(prog="summarize.py", description=paired.__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("paired", help="A / B on the prompts both curve points decoded, with a paired 95 %% interval")
