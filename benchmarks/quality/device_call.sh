@@ -119,6 +119,7 @@ elif [ "$mode" = sweep ]; then
   # that setting's, or the race names the recipe change) without retraining ours.
   settings=$3
   shift 3
+  kept_dirs="snapshots curve recipes results"  # what a setting keeps of ours' training; results/ last: its done marker
   for s in $settings; do  # every setting read before any trains: a typo in the last must not end a sweep midway
     [[ $s == restore:* ]] && continue
     IFS=: read -ra pieces <<< "$s"
@@ -131,9 +132,12 @@ elif [ "$mode" = sweep ]; then
     if [ "$opt" = restore ]; then
       st=$E3Q/sweep/$arg
       [ -d "$st" ] || { echo "sweep: nothing kept as $arg" | tee -a "$log"; exit 1; }
-      for d in results recipes curve snapshots; do
+      # the done marker goes first and comes back last: a kill or a failed copy midway leaves ours untrained,
+      # not half restored
+      rm -rf "$E3Q/results"/ours[-_]v*
+      for d in $kept_dirs; do
         rm -rf "$E3Q/$d"/ours[-_]v*
-        mkdir -p "$E3Q/$d" && cp -a "$st/$d/." "$E3Q/$d/"
+        mkdir -p "$E3Q/$d" && cp -a "$st/$d/." "$E3Q/$d/" || { echo "sweep: restoring $arg failed at $d/" | tee -a "$log"; exit 1; }
       done
       echo "sweep: ours is the $arg training again" | tee -a "$log"
       continue
@@ -156,7 +160,7 @@ elif [ "$mode" = sweep ]; then
 print(int(all(v.startswith('done') for k, v in st.items() if k.startswith('ours_v') or k == 'curve')))" "$OUT/quality_race.json")
     if [ "$done" = 1 ]; then  # copied whole, then named: a kill mid-copy leaves no half setting to restore
       rm -rf "$st.part"
-      for d in results recipes curve snapshots; do mkdir -p "$st.part/$d" && cp -a "$E3Q/$d"/ours[-_]v* "$st.part/$d/"; done
+      for d in $kept_dirs; do mkdir -p "$st.part/$d" && cp -a "$E3Q/$d"/ours[-_]v* "$st.part/$d/"; done
       mv "$st.part" "$st"
       cp "$OUT/quality_race.json" "$OUT/sweep_$name.json"
       echo "sweep: $name kept" | tee -a "$log"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,15 @@ def test_a_setting_piece_that_is_not_flag_equals_value_ends_the_call_in_one_line
     assert done.returncode == 1 and _calls(tmp_path) == []  # the first, well formed, did not train either
     assert [line for line in done.stdout.splitlines() if line.startswith("sweep:")] == [
         "sweep: frozen in muon:4e-3:frozen is not flag=value"]
+
+
+def test_a_restore_that_fails_midway_leaves_ours_untrained_not_half_restored(tmp_path):
+    """results/ is the done marker: it goes first and comes back last, so a restore cut before the end (here a
+    kept setting whose curve folder cannot be copied) leaves no result that names a training not all there."""
+    assert _sweep(tmp_path, "muon:2e-3", "--draft-vocabs", "512").returncode == 0
+    kept = tmp_path / "e3q" / "sweep" / "muon_2e-3"
+    shutil.rmtree(kept / "curve")
+    (kept / "curve").write_text("not a folder")
+    done = _sweep(tmp_path, "restore:muon_2e-3")
+    assert done.returncode == 1 and "sweep: restoring muon_2e-3 failed at curve/" in done.stdout
+    assert not (tmp_path / "e3q" / "results" / "ours_v512.json").exists()
