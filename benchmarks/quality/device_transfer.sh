@@ -49,6 +49,8 @@ points_back() {  # every evaluated point's per-prompt rows, the race's and each 
   for d in "$E3Q"/curve "$E3Q"/sweep/*/curve; do
     [ -d "$d" ] && [[ "$d" != *.part/curve ]] && dirs+=("${d#"$E3Q"/}")
   done
-  [ "${#dirs[@]}" -gt 0 ] && [ "$(ls "$OUT" | wc -l)" -lt "$MAX_FILES" ] || return 0
+  # an earlier send in this call is replaced, so it takes no room of its own
+  [ "${#dirs[@]}" -gt 0 ] && [ "$(find "$OUT" -mindepth 1 -maxdepth 1 ! -name curve_points.tgz | wc -l)" -lt "$MAX_FILES" ] \
+    || return 0
   tar -C "$E3Q" -czf "$OUT/curve_points.tgz" "${dirs[@]}"
 }

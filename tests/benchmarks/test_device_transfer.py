@@ -136,3 +136,21 @@ def test_a_second_send_in_one_call_replaces_the_first_whole(tmp_path):
     _call(tmp_path, "inductor_back")
     pieces = _pieces(tmp_path / "out")
     assert len(pieces) == 1 and "inductor/fxgraph/ours_train" in _unpacked(pieces, tmp_path)
+
+
+def test_a_second_points_send_in_one_call_replaces_the_first_in_a_full_out(tmp_path):
+    """The twelfth session's third call: a race, then a sweep, in one device call; the race's points came back
+    and $OUT then held 8 files with them, so the sweep's points_back kept the race's stale archive (the new
+    setting's rows were lost) although replacing it needs no more room."""
+    e3q = tmp_path / "e3q"
+    (e3q / "curve/ours-v512").mkdir(parents=True)
+    (e3q / "curve/ours-v512/step-0001000.json").write_text("{}")
+    _call(tmp_path, "points_back")
+    for i in range(7):  # with curve_points.tgz: the 8 files a call brings back
+        (tmp_path / "out" / f"f{i}").write_text("")
+    (e3q / "sweep/muon_4e-3/curve/ours-v512").mkdir(parents=True)
+    (e3q / "sweep/muon_4e-3/curve/ours-v512/step-0001000.json").write_text("{}")
+    _call(tmp_path, "points_back")
+    with tarfile.open(tmp_path / "out" / "curve_points.tgz") as tar:
+        files = {m.name for m in tar.getmembers() if m.isfile()}
+    assert "sweep/muon_4e-3/curve/ours-v512/step-0001000.json" in files
