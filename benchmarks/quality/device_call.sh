@@ -81,6 +81,11 @@
 #   quality <budget> spec_v32768,curve,plot $FLAGS --optimizer muon --lr <lr> [--retrain] (302, 293, 210 s): speculators
 #   5.082 at 2e-3 (ours 0.938x), 4.922 at 4e-3 (0.965x), 1e-3's point cut (docs/benchmarks.md "Muon's learning rate").
 #   Next: that section's plan (sweep settings with ours' flags: muon:2e-3:lm-head=target-frozen ...).
+#   Twelfth session (2026-12-06, H100; a new checkout: .whl refetched, no inductor cache, so spec_warm took 415 s and
+#   call 1 cut extract): call 1 as above (559 s); quality 260 prep,spec_data then sweep "muon:2e-3
+#   muon:2e-3:lm-head=target-frozen ..." in one call (464 s: 4.602, 4.856); restore the frozen one, race speculators at
+#   2e-3 (1.024x), then sweep "muon:4e-3:lm-head=target-frozen" in one call (501 s: 4.704) (docs/benchmarks.md "The
+#   frozen draft head"). Next: that section's plan (the frozen head with the other settings).
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
