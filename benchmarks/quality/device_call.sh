@@ -94,7 +94,10 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 t0=$(date +%s)
 if [ ! -d /tmp/site/speculators ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || {
+    # .whl/ is git-ignored: a new checkout has none until fetch_wheels.sh makes it
+    echo "device_call: installing .whl/ failed: run bash benchmarks/quality/fetch_wheels.sh, carry [\".whl\"]" >&2
+    exit 1; }
 fi
 export PYTHONPATH=/tmp/site:$PWD
 mode=$1; budget=${2:-540}
