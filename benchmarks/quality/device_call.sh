@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent H200 (device tool; repo root is the cwd, $OUT comes back).
 #   bash benchmarks/quality/device_call.sh quality BUDGET_S [STEPS [FLAGS]]  # issue 21's race (resumable in /tmp/e3q)
-#   bash benchmarks/quality/device_call.sh sweep BUDGET_S "SETTINGS" [FLAGS] # ours' optimizer:lr settings on one target
+#   bash benchmarks/quality/device_call.sh sweep BUDGET_S "SETTINGS" [FLAGS] # ours' settings on one target; race: one
 #   bash benchmarks/quality/device_call.sh benches BUDGET_S               # issue 3: bench_extract + bench_train (8B + quality shape)
 #   bash benchmarks/quality/device_call.sh extract [LIMIT_S]              # issue 3: bench_extract alone (~250 s)
 #   bash benchmarks/quality/device_call.sh cuda-tests [LIMIT_S]           # tests/cuda on the GPU
@@ -85,7 +85,8 @@
 #   call 1 cut extract): call 1 as above (559 s); quality 260 prep,spec_data then sweep "muon:2e-3
 #   muon:2e-3:lm-head=target-frozen ..." in one call (464 s: 4.602, 4.856); restore the frozen one, race speculators at
 #   2e-3 (1.024x), then sweep "muon:4e-3:lm-head=target-frozen" in one call (501 s: 4.704) (docs/benchmarks.md "The
-#   frozen draft head"). Next: that section's plan (the frozen head with the other settings).
+#   frozen draft head"). Next: that section's plan (the frozen head with the other settings; race:<setting> in a sweep
+#   now restores a kept setting and races speculators at its recipe in one step).
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
@@ -118,40 +119,56 @@ if [ "$mode" = quality ]; then
   points_back
 elif [ "$mode" = sweep ]; then
   # Ours' optimizer and lr (and any of ours' own run_quality flags) on the target call 1 made (ours_v*,curve per
-  # setting, the final point alone):
-  #   sweep BUDGET_S "adamw:5e-4 muon:2e-3:lm-head=target-frozen:min-lr-ratio=0 restore:adamw_5e-4" FLAGS
+  # setting, the final point alone), and speculators raced against a kept one:
+  #   sweep BUDGET_S "adamw:5e-4 muon:2e-3:lm-head=target-frozen race:muon:2e-3:lm-head=target-frozen" FLAGS
   # A setting is optimizer:lr, then flag=value pieces passed as --flag value; its name joins them with _ (= as -):
-  # muon_2e-3_lm-head-target-frozen_min-lr-ratio-0. Each setting's training and final point are kept in
-  # /tmp/e3q/sweep/<name> and its summary in $OUT/sweep_<name>.json; a setting kept already is not trained again.
-  # restore:<name> puts one back as ours' result, so speculators can race it (--optimizer, --lr and ours' flags as
-  # that setting's, or the race names the recipe change) without retraining ours.
+  # muon_2e-3_lm-head-target-frozen. Each setting's training and final point are kept in /tmp/e3q/sweep/<name> and
+  # its summary in $OUT/sweep_<name>.json; a setting kept already is not trained again.
+  # restore:<name> puts one back as ours' result. race:<setting> puts a kept setting back and races speculators'
+  # kl_div side (spec) against it at the setting's optimizer, lr and ours' flags (a speculators training of another
+  # recipe is trained again), evaluates every curve point and plots: $OUT/race_<name>.json and race_<name>.png.
   settings=$3
   shift 3
   kept_dirs="snapshots curve recipes results"  # what a setting keeps of ours' training; results/ last: its done marker
+  setting() {  # opt, lr, extra (ours' flags) and name of the setting opt:lr[:flag=value...]
+    IFS=: read -ra pieces <<< "$1"
+    opt=${pieces[0]}; lr=${pieces[1]}; name=${opt}_$lr; extra=()
+    for kv in "${pieces[@]:2}"; do extra+=("--${kv%%=*}" "${kv#*=}"); name=${name}_${kv//=/-}; done
+  }
+  restore() {  # the kept setting $1 as ours' result again; the done marker goes first and comes back last, so a
+    # kill or a failed copy midway leaves ours untrained, not half restored
+    local st=$E3Q/sweep/$1 d
+    [ -d "$st" ] || { echo "sweep: nothing kept as $1" | tee -a "$log"; return 1; }
+    rm -rf "$E3Q/results"/ours[-_]v*
+    for d in $kept_dirs; do
+      rm -rf "$E3Q/$d"/ours[-_]v*
+      mkdir -p "$E3Q/$d" && cp -a "$st/$d/." "$E3Q/$d/" || { echo "sweep: restoring $1 failed at $d/" | tee -a "$log"; return 1; }
+    done
+    echo "sweep: ours is the $1 training again" | tee -a "$log"
+  }
   for s in $settings; do  # every setting read before any trains: a typo in the last must not end a sweep midway
     [[ $s == restore:* ]] && continue
-    IFS=: read -ra pieces <<< "$s"
+    IFS=: read -ra pieces <<< "${s#race:}"
     for kv in "${pieces[@]:2}"; do
       [[ $kv == *=* ]] || { echo "sweep: $kv in $s is not flag=value" | tee -a "$log"; exit 1; }
     done
   done
   for s in $settings; do
-    opt=${s%%:*}; arg=${s#*:}
-    if [ "$opt" = restore ]; then
-      st=$E3Q/sweep/$arg
-      [ -d "$st" ] || { echo "sweep: nothing kept as $arg" | tee -a "$log"; exit 1; }
-      # the done marker goes first and comes back last: a kill or a failed copy midway leaves ours untrained,
-      # not half restored
-      rm -rf "$E3Q/results"/ours[-_]v*
-      for d in $kept_dirs; do
-        rm -rf "$E3Q/$d"/ours[-_]v*
-        mkdir -p "$E3Q/$d" && cp -a "$st/$d/." "$E3Q/$d/" || { echo "sweep: restoring $arg failed at $d/" | tee -a "$log"; exit 1; }
-      done
-      echo "sweep: ours is the $arg training again" | tee -a "$log"
+    if [[ $s == restore:* ]]; then restore "${s#restore:}" || exit 1; continue; fi
+    if [[ $s == race:* ]]; then
+      setting "${s#race:}"
+      if [ ! -d "$E3Q/sweep/$name" ]; then echo "sweep: $name not kept: no race against it" | tee -a "$log"; continue; fi
+      if [ "$(left)" -lt 160 ]; then echo "sweep: $(left) s left; race:$name next call" | tee -a "$log"; break; fi
+      restore "$name" || exit 1
+      rm -f "$OUT/quality_race.json" "$OUT/acceptance_vs_steps.png"  # an earlier report must not speak for this race
+      python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" --budget-s "$(( $(left) - 15 ))" \
+        --steps spec_data,spec,curve,plot "$@" --optimizer "$opt" --lr "$lr" "${extra[@]}" --retrain 2>&1 | tee -a "$log"
+      [ -f "$OUT/quality_race.json" ] && mv "$OUT/quality_race.json" "$OUT/race_$name.json"
+      [ -f "$OUT/acceptance_vs_steps.png" ] && mv "$OUT/acceptance_vs_steps.png" "$OUT/race_$name.png"
+      echo "sweep: speculators raced against $name: race_$name.json" | tee -a "$log"
       continue
     fi
-    IFS=: read -ra pieces <<< "$arg"; arg=${pieces[0]}; name=${opt}_$arg; extra=()
-    for kv in "${pieces[@]:1}"; do extra+=("--${kv%%=*}" "${kv#*=}"); name=${name}_${kv//=/-}; done
+    setting "$s"
     st=$E3Q/sweep/$name
     if [ -d "$st" ]; then echo "sweep: $name kept earlier" | tee -a "$log"; continue; fi
     if [ "$(left)" -lt 160 ]; then echo "sweep: $(left) s left; $name next call" | tee -a "$log"; break; fi
@@ -159,7 +176,7 @@ elif [ "$mode" = sweep ]; then
     # deadline cut is kept and evaluated
     rm -f "$OUT/quality_race.json"  # the previous setting's report must not speak for this one
     python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" --budget-s "$(( $(left) - 15 ))" \
-      --steps ours,curve "$@" --optimizer "$opt" --lr "$arg" "${extra[@]}" --checkpoint-every 1000 --retrain 2>&1 \
+      --steps ours,curve "$@" --optimizer "$opt" --lr "$lr" "${extra[@]}" --checkpoint-every 1000 --retrain 2>&1 \
       | tee -a "$log"
     # kept only when this call's report says ours trained (or was kept) and its final point was evaluated: a
     # skipped or cut retraining leaves the previous setting's result in place, not this one's

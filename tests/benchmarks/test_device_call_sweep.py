@@ -22,11 +22,17 @@ with open(work / "calls.jsonl", "a") as f:
     f.write(json.dumps(argv) + "\\n")
 flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}  # the last one wins
 recipe = {"optimizer": flags["--optimizer"], "lr": float(flags["--lr"]), "lm_head": flags.get("--lm-head", "target")}
-for d, name in (("results", "ours_v512.json"), ("recipes", "ours-v512.json"), ("curve", "ours-v512/step-0001000.json")):
-    (work / d / name).parent.mkdir(parents=True, exist_ok=True)
-    (work / d / name).write_text(json.dumps(recipe))
-(work / "snapshots" / "ours-v512").mkdir(parents=True, exist_ok=True)
-(out / "quality_race.json").write_text(json.dumps({"status": {"ours_v512": "done in 1s", "curve": "done in 1s"}}))
+if "ours" in flags["--steps"].split(","):  # a sweep setting: ours trains and its final point is evaluated
+    for d, name in (("results", "ours_v512.json"), ("recipes", "ours-v512.json"), ("curve", "ours-v512/step-0001000.json")):
+        (work / d / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / d / name).write_text(json.dumps(recipe))
+    (work / "snapshots" / "ours-v512").mkdir(parents=True, exist_ok=True)
+    (out / "quality_race.json").write_text(json.dumps({"status": {"ours_v512": "done in 1s", "curve": "done in 1s"}}))
+else:  # a race: speculators trains at the flags' recipe against the ours' result it finds
+    (work / "results" / "spec_v512.json").write_text(json.dumps(recipe))
+    ours = json.loads((work / "results" / "ours_v512.json").read_text())
+    (out / "quality_race.json").write_text(json.dumps({"status": {"spec_v512": "done in 1s"}, "ours": ours}))
+    (out / "acceptance_vs_steps.png").write_bytes(b"test double of a plot")
 """
 
 
@@ -94,3 +100,28 @@ def test_a_restore_that_fails_midway_leaves_ours_untrained_not_half_restored(tmp
     done = _sweep(tmp_path, "restore:muon_2e-3")
     assert done.returncode == 1 and "sweep: restoring muon_2e-3 failed at curve/" in done.stdout
     assert not (tmp_path / "e3q" / "results" / "ours_v512.json").exists()
+
+
+def test_a_race_puts_the_kept_setting_back_and_races_speculators_at_its_recipe(tmp_path):
+    """race:<setting> after a later setting trained: ours must be the raced setting's training again, and
+    speculators must train at that setting's optimizer, lr and ours' flags; the report keeps the setting's name."""
+    frozen = "muon:2e-3:lm-head=target-frozen"
+    done = _sweep(tmp_path, f"{frozen} muon:4e-3 race:{frozen}", "--draft-vocabs", "512")
+    assert done.returncode == 0, done.stdout + done.stderr
+    race = _calls(tmp_path)[2]
+    assert race[race.index("--steps") + 1] == "spec_data,spec,curve,plot" and race[-1] == "--retrain"
+    assert race[race.index("--optimizer"):race.index("--retrain")] == [
+        "--optimizer", "muon", "--lr", "2e-3", "--lm-head", "target-frozen"]
+    name = "muon_2e-3_lm-head-target-frozen"
+    out = tmp_path / "out"
+    report = json.loads((out / f"race_{name}.json").read_text())
+    assert report["ours"] == {"optimizer": "muon", "lr": 0.002, "lm_head": "target-frozen"}  # not the 4e-3 training
+    assert (out / f"race_{name}.png").exists() and not (out / "quality_race.json").exists()
+
+
+def test_a_race_against_a_setting_not_kept_is_not_run(tmp_path):
+    """A setting whose training a deadline cut is not kept: its race must not run against whatever ours holds."""
+    assert _sweep(tmp_path, "muon:4e-3", "--draft-vocabs", "512").returncode == 0
+    done = _sweep(tmp_path, "race:muon:2e-3", "--draft-vocabs", "512")
+    assert done.returncode == 0 and len(_calls(tmp_path)) == 1
+    assert "sweep: muon_2e-3 not kept: no race against it" in done.stdout
