@@ -130,10 +130,13 @@ elif [ "$mode" = sweep ]; then
   settings=$3
   shift 3
   kept_dirs="snapshots curve recipes results"  # what a setting keeps of ours' training; results/ last: its done marker
-  setting() {  # opt, lr, extra (ours' flags) and name of the setting opt:lr[:flag=value...]
+  setting() {  # opt, lr, extra (ours' flags) and name of the setting opt:lr[:flag=value...]; 1 if malformed
     IFS=: read -ra pieces <<< "$1"
     opt=${pieces[0]}; lr=${pieces[1]}; name=${opt}_$lr; extra=()
-    for kv in "${pieces[@]:2}"; do extra+=("--${kv%%=*}" "${kv#*=}"); name=${name}_${kv//=/-}; done
+    for kv in "${pieces[@]:2}"; do
+      [[ $kv == *=* ]] || { echo "sweep: $kv in $1 is not flag=value" | tee -a "$log"; return 1; }
+      extra+=("--${kv%%=*}" "${kv#*=}"); name=${name}_${kv//=/-}
+    done
   }
   restore() {  # the kept setting $1 as ours' result again; the done marker goes first and comes back last, so a
     # kill or a failed copy midway leaves ours untrained, not half restored
@@ -147,11 +150,7 @@ elif [ "$mode" = sweep ]; then
     echo "sweep: ours is the $1 training again" | tee -a "$log"
   }
   for s in $settings; do  # every setting read before any trains: a typo in the last must not end a sweep midway
-    [[ $s == restore:* ]] && continue
-    IFS=: read -ra pieces <<< "${s#race:}"
-    for kv in "${pieces[@]:2}"; do
-      [[ $kv == *=* ]] || { echo "sweep: $kv in $s is not flag=value" | tee -a "$log"; exit 1; }
-    done
+    [[ $s == restore:* ]] || setting "${s#race:}" || exit 1
   done
   for s in $settings; do
     if [[ $s == restore:* ]]; then restore "${s#restore:}" || exit 1; continue; fi
