@@ -44,8 +44,13 @@ import torch
 from files import write_json
 from summarize import point_evaluator
 
+from eagle3.train.settings import TrainSettings
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+# Ours' own flags default to what the train stage does unset (summarize.RECIPE_DEFAULTS keeps, on purpose, what
+# results saved before a flag existed were trained with: those must not move when the stage's defaults do).
+STAGE_DEFAULT = {name: field.default for name, field in TrainSettings.model_fields.items()}
 PORT = 8123
 FIXED_STEPS = ("target", "spec_warm", "prep", "spec_data")
 # The race's sides: the system each one trains, as the summary and the plot name it.
@@ -733,15 +738,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (both systems)")
     ap.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw", help="both systems: AdamW, or Muon "
                     "over the layer's matrices and AdamW over the head and norms (speculators' default; train.optimizer)")
-    ap.add_argument("--ttt-decay", type=float, default=0.8, help="loss weight of TTT step k is decay**k (both systems)")
-    ap.add_argument("--teacher-temperature", type=float, default=1.0, help="ours: train.teacher_temperature "
-                    "(below 1 sharpens the teacher for greedy decoding, which the evaluator measures)")
-    ap.add_argument("--lm-head", choices=("target", "target-frozen", "random"), default="target", help="ours: "
-                    "train.lm_head (target-frozen keeps the target's head rows, as speculators does)")
-    ap.add_argument("--min-lr-ratio", type=float, default=0.1, help="ours: train.min_lr_ratio, where the cosine "
-                    "ends (speculators' cosine ends at 0)")
-    ap.add_argument("--adamw-lr", type=float, default=None, help="ours with --optimizer muon: train.adamw_lr, the "
-                    "peak lr of the draft head and norms (default --lr; speculators' head is frozen)")
+    ap.add_argument("--ttt-decay", type=float, default=STAGE_DEFAULT["ttt_decay"],
+                    help="loss weight of TTT step k is decay**k (both systems)")
+    ap.add_argument("--teacher-temperature", type=float, default=STAGE_DEFAULT["teacher_temperature"],
+                    help="ours: train.teacher_temperature (below 1 sharpens the teacher for greedy decoding, which "
+                    "the evaluator measures)")
+    ap.add_argument("--lm-head", choices=("target", "target-frozen", "random"), default=STAGE_DEFAULT["lm_head"],
+                    help="ours: train.lm_head (target-frozen keeps the target's head rows, as speculators does)")
+    ap.add_argument("--min-lr-ratio", type=float, default=STAGE_DEFAULT["min_lr_ratio"],
+                    help="ours: train.min_lr_ratio, where the cosine ends (speculators' cosine ends at 0)")
+    ap.add_argument("--adamw-lr", type=float, default=STAGE_DEFAULT["adamw_lr"], help="ours with --optimizer muon: "
+                    "train.adamw_lr, the peak lr of the draft head and norms (default --lr; speculators' head is frozen)")
     ap.add_argument("--train-compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--warmup-steps", type=int, default=30)
     ap.add_argument("--eval-prompts", type=int, default=64)
