@@ -179,10 +179,8 @@ elif [ "$mode" = sweep ]; then
       | tee -a "$log"
     # kept only when this call's report says ours trained (or was kept) and its final point was evaluated: a
     # skipped or cut retraining leaves the previous setting's result in place, not this one's
-    done=0
-    [ -f "$OUT/quality_race.json" ] && done=$(python3 -c "import json, sys; st = json.load(open(sys.argv[1]))['status']
-print(int(all(v.startswith('done') for k, v in st.items() if k.startswith('ours_v') or k == 'curve')))" "$OUT/quality_race.json")
-    if [ "$done" = 1 ]; then  # copied whole, then named: a kill mid-copy leaves no half setting to restore
+    if [ -f "$OUT/quality_race.json" ] && python3 benchmarks/quality/summarize.py ours-finished "$OUT/quality_race.json"
+    then  # copied whole, then named: a kill mid-copy leaves no half setting to restore
       rm -rf "$st.part"
       for d in $kept_dirs; do mkdir -p "$st.part/$d" && cp -a "$E3Q/$d"/ours[-_]v* "$st.part/$d/"; done
       mv "$st.part" "$st"

@@ -199,13 +199,25 @@ def paired(path_a: str, path_b: str) -> dict[str, Any]:
             "b": {"path": path_b, "step": b.get("step"), **(acceptance_ci(b) or {})}, "a_over_b": ratio_}
 
 
+def ours_finished(report: str | Path) -> bool:
+    """Whether a race report says ours trained (or was kept) and its curve points were all evaluated: what a
+    sweep setting needs to be kept (a skipped or cut one leaves the previous setting's result in place)."""
+    status = json.loads(Path(report).read_text())["status"]
+    return all(v.startswith("done") for k, v in status.items() if k.startswith("ours_v") or k == "curve")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="summarize.py", description=paired.__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("paired", help="A / B on the prompts both curve points decoded, with a paired 95 %% interval")
     p.add_argument("a", help="a curve point's report (step-NNNNNNN.json): the numerator")
     p.add_argument("b", help="the other point's report: the denominator")
+    f = sub.add_parser("ours-finished", help="exit 0 when the race report says ours trained and its points are "
+                       "evaluated, 1 when not")
+    f.add_argument("report", help="a race report (quality_race.json)")
     args = ap.parse_args(argv)
+    if args.command == "ours-finished":
+        raise SystemExit(0 if ours_finished(args.report) else 1)
     print(json.dumps(paired(args.a, args.b), indent=1))
 
 

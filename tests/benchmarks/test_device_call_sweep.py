@@ -27,7 +27,8 @@ if "ours" in flags["--steps"].split(","):  # a sweep setting: ours trains and it
         (work / d / name).parent.mkdir(parents=True, exist_ok=True)
         (work / d / name).write_text(json.dumps(recipe))
     (work / "snapshots" / "ours-v512").mkdir(parents=True, exist_ok=True)
-    (out / "quality_race.json").write_text(json.dumps({"status": {"ours_v512": "done in 1s", "curve": "done in 1s"}}))
+    curve = "skipped: 40s left, needs ~75s" if (work / "cut_curve").exists() else "done in 1s"  # a deadline
+    (out / "quality_race.json").write_text(json.dumps({"status": {"ours_v512": "done in 1s", "curve": curve}}))
 else:  # a race: speculators trains at the flags' recipe against the ours' result it finds
     (work / "results" / "spec_v512.json").write_text(json.dumps(recipe))
     ours = json.loads((work / "results" / "ours_v512.json").read_text())
@@ -125,3 +126,14 @@ def test_a_race_against_a_setting_not_kept_is_not_run(tmp_path):
     done = _sweep(tmp_path, "race:muon:2e-3", "--draft-vocabs", "512")
     assert done.returncode == 0 and len(_calls(tmp_path)) == 1
     assert "sweep: muon_2e-3 not kept: no race against it" in done.stdout
+
+
+def test_a_setting_whose_final_point_the_deadline_skipped_is_not_kept(tmp_path):
+    (tmp_path / "e3q").mkdir()
+    (tmp_path / "e3q" / "cut_curve").write_text("")
+    done = _sweep(tmp_path, "muon:2e-3", "--draft-vocabs", "512")
+    assert done.returncode == 0 and len(_calls(tmp_path)) == 1
+    assert not (tmp_path / "e3q" / "sweep" / "muon_2e-3").exists() and "muon_2e-3 kept" not in done.stdout
+    assert not (tmp_path / "out" / "sweep_muon_2e-3.json").exists()
+    (tmp_path / "e3q" / "cut_curve").unlink()  # the next call trains it again and keeps it
+    assert "sweep: muon_2e-3 kept" in _sweep(tmp_path, "muon:2e-3", "--draft-vocabs", "512").stdout
