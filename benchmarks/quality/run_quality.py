@@ -42,7 +42,8 @@ from pathlib import Path
 
 import torch
 from files import write_json
-from summarize import point_evaluator
+from pydantic import ValidationError
+from summarize import OURS_OWN, point_evaluator
 
 from eagle3.train.settings import TrainSettings
 
@@ -501,7 +502,7 @@ class Bench:
     def recipe(self, side: str) -> dict:
         """What a side's training result was trained with, beyond the data: a later call with other flags
         must not take it as its own (run() names the difference instead)."""
-        from summarize import OURS_OWN, SHARED
+        from summarize import SHARED
 
         own = {k: getattr(self.a, k) for k in OURS_OWN} if side == "ours" else {"loss_fn": SPEC_LOSS[side]}
         return {**{k: getattr(self.a, k) for k in SHARED}, **own}  # the flags are named as the recipe's keys
@@ -763,10 +764,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.sides = tuple(s for s in a.sides.split(",") if s)
     if a.sides[:1] != ("ours",) or not set(a.sides) <= set(SIDES) or len(set(a.sides)) != len(a.sides):
         raise SystemExit(f"--sides: ours first, then any of {', '.join(s for s in SIDES if s != 'ours')}, each once")
-    if not a.teacher_temperature > 0 or not 0 < a.ttt_decay <= 1 or not 0 <= a.min_lr_ratio <= 1 \
-            or not (a.adamw_lr is None or a.adamw_lr > 0):
+    try:  # the train stage's own bounds: ours' flags become its settings
+        TrainSettings(ttt_decay=a.ttt_decay, **{k: getattr(a, k) for k in OURS_OWN})
+    except ValidationError:
         raise SystemExit("--teacher-temperature and --adamw-lr must be above 0, --ttt-decay in (0, 1] and "
-                         "--min-lr-ratio in [0, 1] (the train stage's bounds)")
+                         "--min-lr-ratio in [0, 1] (the train stage's bounds)") from None
     a.vocabs = [int(v) for v in (a.draft_vocabs or ("512,1024,2048" if a.tiny else "16384,32768,64000")).split(",")]
     if a.train_steps is None:
         a.train_steps = 12 if a.tiny else 1200
