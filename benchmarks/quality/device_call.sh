@@ -180,12 +180,18 @@ elif [ "$mode" = sweep ]; then
     # kept only when this call's report says ours trained (or was kept) and its final point was evaluated: a
     # skipped or cut retraining leaves the previous setting's result in place, not this one's
     if [ -f "$OUT/quality_race.json" ] && python3 benchmarks/quality/summarize.py ours-finished "$OUT/quality_race.json"
-    then  # copied whole, then named: a kill mid-copy leaves no half setting to restore
-      rm -rf "$st.part"
-      for d in $kept_dirs; do mkdir -p "$st.part/$d" && cp -a "$E3Q/$d"/ours[-_]v* "$st.part/$d/"; done
-      mv "$st.part" "$st"
-      cp "$OUT/quality_race.json" "$OUT/sweep_$name.json"
-      echo "sweep: $name kept" | tee -a "$log"
+    then  # copied whole, then named: a kill or a failed copy mid-way leaves no half setting to restore
+      rm -rf "$st.part"; copied=1
+      for d in $kept_dirs; do
+        mkdir -p "$st.part/$d" && cp -a "$E3Q/$d"/ours[-_]v* "$st.part/$d/" || { copied=0; break; }
+      done
+      if [ "$copied" = 1 ] && mv "$st.part" "$st"; then
+        cp "$OUT/quality_race.json" "$OUT/sweep_$name.json"
+        echo "sweep: $name kept" | tee -a "$log"
+      else
+        rm -rf "$st.part"
+        echo "sweep: keeping $name failed at $d/: not kept" | tee -a "$log"
+      fi
     fi
   done
   points_back  # the sweep's purpose first: the cache comes back from a later call if no room is left here

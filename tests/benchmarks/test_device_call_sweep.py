@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 HARNESS_DOUBLE = """
@@ -48,6 +50,9 @@ def _sweep(tmp_path: Path, settings: str, *flags: str) -> subprocess.CompletedPr
         '[[ $1 == -c && $2 == "import torch, transformers"* ]] && { echo "versions: test double"; exit 0; }\n'
         f'exec {sys.executable} "$@"\n')
     (stubs / "nvidia-smi").write_text("#!/bin/bash\necho 'test double of nvidia-smi'\n")
+    (stubs / "cp").write_text(  # a full disk while a setting is kept, into the folder the test names
+        '#!/bin/bash\nif [ -e "$E3Q/disk_full" ]; then for a; do [[ $a == *.part/$(cat "$E3Q/disk_full")* ]] && '
+        '{ echo "cp: No space left on device (test double)" >&2; exit 1; }; done; fi\nexec /bin/cp "$@"\n')
     for stub in stubs.iterdir():
         stub.chmod(0o755)
     (tmp_path / "out").mkdir(exist_ok=True)
@@ -136,4 +141,20 @@ def test_a_setting_whose_final_point_the_deadline_skipped_is_not_kept(tmp_path):
     assert not (tmp_path / "e3q" / "sweep" / "muon_2e-3").exists() and "muon_2e-3 kept" not in done.stdout
     assert not (tmp_path / "out" / "sweep_muon_2e-3.json").exists()
     (tmp_path / "e3q" / "cut_curve").unlink()  # the next call trains it again and keeps it
+    assert "sweep: muon_2e-3 kept" in _sweep(tmp_path, "muon:2e-3", "--draft-vocabs", "512").stdout
+
+
+@pytest.mark.parametrize("folder", ["curve", "results"])  # one mid-way, and the last (the done marker)
+def test_a_setting_whose_copy_fails_is_not_kept_half(tmp_path, folder):
+    """A full disk while a setting's training is copied aside: a kept setting must be whole (restore: and race:
+    trust it), so the half copy is dropped, said in one line, and the next call trains the setting again."""
+    (tmp_path / "e3q").mkdir()
+    (tmp_path / "e3q" / "disk_full").write_text(folder)  # the copy into this kept folder fails
+    done = _sweep(tmp_path, "muon:2e-3", "--draft-vocabs", "512")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"sweep: keeping muon_2e-3 failed at {folder}/: not kept" in done.stdout
+    assert not (tmp_path / "e3q" / "sweep" / "muon_2e-3").exists()
+    assert not (tmp_path / "e3q" / "sweep" / "muon_2e-3.part").exists()
+    assert not (tmp_path / "out" / "sweep_muon_2e-3.json").exists()
+    (tmp_path / "e3q" / "disk_full").unlink()
     assert "sweep: muon_2e-3 kept" in _sweep(tmp_path, "muon:2e-3", "--draft-vocabs", "512").stdout
