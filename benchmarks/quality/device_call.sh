@@ -133,6 +133,11 @@ elif [ "$mode" = sweep ]; then
   setting() {  # opt, lr, extra (ours' flags) and name of the setting opt:lr[:flag=value...]; 1 if malformed
     IFS=: read -ra pieces <<< "$1"
     opt=${pieces[0]}; lr=${pieces[1]}; name=${opt}_$lr; extra=()
+    # a kept name (muon_2e-3_...) where a setting belongs parsed as an optimizer with no lr: refused, not skipped
+    if [[ ! $opt =~ ^(adamw|muon)$ || ! $lr =~ ^[0-9.]+(e-?[0-9]+)?$ ]]; then
+      echo "sweep: $1 is not adamw|muon:LR[:flag=value...] (race: takes the setting; restore: the kept name)" \
+        | tee -a "$log"; return 1
+    fi
     for kv in "${pieces[@]:2}"; do
       [[ $kv == *=* ]] || { echo "sweep: $kv in $1 is not flag=value" | tee -a "$log"; return 1; }
       extra+=("--${kv%%=*}" "${kv#*=}"); name=${name}_${kv//=/-}

@@ -96,6 +96,18 @@ def test_a_setting_piece_that_is_not_flag_equals_value_ends_the_call_in_one_line
         "sweep: frozen in muon:4e-3:frozen is not flag=value"]
 
 
+@pytest.mark.parametrize("setting", ["race:muon_2e-3_lm-head-target-frozen", "sgd:1e-3", "muon:fast"])
+def test_a_race_given_a_kept_name_or_a_setting_with_no_optimizer_or_lr_is_refused_before_any_trains(tmp_path, setting):
+    """race: takes the setting, restore: the name. Read as a setting, the name muon_2e-3_... was an optimizer with
+    no lr: its race was said not kept and skipped while the rest of the sweep trained (the thirteenth session lost
+    its race so). Now the call ends at once, before the well-formed setting ahead of it trains."""
+    assert _sweep(tmp_path, "muon:2e-3:lm-head=target-frozen", "--draft-vocabs", "512").returncode == 0
+    done = _sweep(tmp_path, f"muon:4e-3 {setting}", "--draft-vocabs", "512")
+    assert done.returncode == 1 and len(_calls(tmp_path)) == 1, done.stdout
+    said = f"sweep: {setting.removeprefix('race:')} is not adamw|muon:LR[:flag=value...] (race: takes the setting; "
+    assert [line for line in done.stdout.splitlines() if line.startswith("sweep:")] == [said + "restore: the kept name)"]
+
+
 def test_a_restore_that_fails_midway_leaves_ours_untrained_not_half_restored(tmp_path):
     """results/ is the done marker: it goes first and comes back last, so a restore cut before the end (here a
     kept setting whose curve folder cannot be copied) leaves no result that names a training not all there."""
