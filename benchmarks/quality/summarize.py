@@ -199,6 +199,53 @@ def paired(path_a: str, path_b: str) -> dict[str, Any]:
             "b": {"path": path_b, "step": b.get("step"), **(acceptance_ci(b) or {})}, "a_over_b": ratio_}
 
 
+def setting_name(path: str) -> str:
+    """A sweep setting's name from its point's path: the folder holding ``curve/`` (``sweep/<name>/curve/...``),
+    else the point's own folder."""
+    parts = Path(path).parts[:-1]
+    at = len(parts) - 1 - parts[::-1].index("curve") if "curve" in parts else 0
+    return parts[at - 1] if at > 0 else str(Path(path).parent)
+
+
+def settings(base: str, others: list[str], png: str | None = None) -> dict[str, Any]:
+    """Each of a sweep's settings against one of them (``base``), paired on the prompts both decoded: the
+    sweep's table in one call, and with ``png`` its picture: each setting's ratio to the base with its
+    paired 95 % interval (a bar crossing 1.0 is no difference on these prompts)."""
+    rows = [{"setting": setting_name(o), **paired(o, base)} for o in others]
+    table = {"base": {"setting": setting_name(base), **rows[0]["b"]} if rows else None,
+             "settings": [{"setting": r["setting"], **r["a"], "over_base": r["a_over_b"]} for r in rows]}
+    if png:
+        _plot_settings(table, Path(png))
+        table["png"] = png
+    return table
+
+
+def _plot_settings(table: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = table["settings"]
+    fig, ax = plt.subplots(figsize=(7.0, 1.2 + 0.45 * len(rows)))
+    for y, r in enumerate(rows):
+        ratio_, (lo, hi) = r["over_base"]["ratio"], r["over_base"]["ci95"]
+        ax.errorbar([ratio_], [y], xerr=[[ratio_ - lo], [hi - ratio_]], fmt="o", color="C0", capsize=3)
+        ax.annotate(f"{r['mean_acceptance_length']:.3f}", (hi, y), xytext=(4, -3), textcoords="offset points",
+                    fontsize=7)
+    ax.axvline(1.0, color="grey", ls="--", lw=1)
+    ax.set_yticks(range(len(rows)), [r["setting"] for r in rows], fontsize=7)
+    base = table["base"]
+    ax.invert_yaxis()  # the settings top to bottom in the order given
+    ax.set_title(f"against {base['setting']} ({base['mean_acceptance_length']:.3f})", fontsize=8)
+    ax.set_xlabel("acceptance length ratio, paired 95 % interval (label: the setting's mean)", fontsize=8)
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def ours_finished(report: str | Path) -> bool:
     """Whether a race report says ours trained (or was kept) and its curve points were all evaluated: what a
     sweep setting needs to be kept (a skipped or cut one leaves the previous setting's result in place)."""
@@ -212,12 +259,20 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("paired", help="A / B on the prompts both curve points decoded, with a paired 95 %% interval")
     p.add_argument("a", help="a curve point's report (step-NNNNNNN.json): the numerator")
     p.add_argument("b", help="the other point's report: the denominator")
+    s = sub.add_parser("settings", help="each setting's point against the base's, paired, as one table; "
+                       "--png plots the ratios")
+    s.add_argument("base", help="the base setting's curve point (sweep/<name>/curve/<side>-v<vocab>/step-N.json)")
+    s.add_argument("others", nargs="+", help="the other settings' points at the same step")
+    s.add_argument("--png", help="where to plot each setting's ratio to the base")
     f = sub.add_parser("ours-finished", help="exit 0 when the race report says ours trained and its points are "
                        "evaluated, 1 when not")
     f.add_argument("report", help="a race report (quality_race.json)")
     args = ap.parse_args(argv)
     if args.command == "ours-finished":
         raise SystemExit(0 if ours_finished(args.report) else 1)
+    if args.command == "settings":
+        print(json.dumps(settings(args.base, args.others, args.png), indent=1))
+        return
     print(json.dumps(paired(args.a, args.b), indent=1))
 
 

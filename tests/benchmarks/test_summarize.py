@@ -191,3 +191,32 @@ def test_paired_compares_two_curve_points_and_refuses_what_it_cannot_pair(tmp_pa
     for argv in (["--help"], ["paired", "--help"]):  # its help renders (a bare % in it once broke it)
         with pytest.raises(SystemExit, match="0"):
             summarize.main(argv)
+
+
+def test_settings_pairs_each_setting_with_the_base_names_it_by_its_folder_and_plots(tmp_path, capsys):
+    """A sweep's table in one call: every setting against the base on the prompts both decoded, named by the
+    sweep folder its point sits in; a setting evaluated differently ends the call in one line, not a wrong row."""
+    evaluator = {"eval_prompts": 4, "eval_new_tokens": 96, "draft_tokens": 7}
+
+    def point(name, lengths, **extra):
+        path = tmp_path / "sweep" / name / "curve" / "ours-v512" / "step-0001000.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"step": 1000, "evaluator": evaluator, **report(lengths), **extra}))
+        return str(path)
+
+    base = point("muon_2e-3_lm-head-target-frozen", {0: 4.0, 1: 5.0, 2: 3.0, 3: 4.0})
+    better = point("muon_2e-3_teacher-temperature-1.0", {0: 4.4, 1: 5.5, 2: 3.3, 3: 4.4})
+    worse = point("muon_1e-3", {0: 3.6, 1: 4.5, 2: 2.7, 3: 3.6, 9: 8.0})  # prompt 9: not the base's, not counted
+    png = tmp_path / "settings.png"
+    summarize.main(["settings", base, better, worse, "--png", str(png)])
+    table = json.loads(capsys.readouterr().out)
+    assert table["base"]["setting"] == "muon_2e-3_lm-head-target-frozen" and table["base"]["mean_acceptance_length"] == 4.0
+    assert [(r["setting"], r["over_base"]["ratio"], r["over_base"]["ci95"], r["over_base"]["prompts"])
+            for r in table["settings"]] == [("muon_2e-3_teacher-temperature-1.0", 1.1, [1.1, 1.1], 4),
+                                            ("muon_1e-3", 0.9, [0.9, 0.9], 4)]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and table["png"] == str(png)
+    other = point("adamw_5e-4", {0: 4.0, 1: 4.8}, evaluator={**evaluator, "eval_prompts": 2})
+    with pytest.raises(SystemExit, match="evaluated differently") as e:
+        summarize.main(["settings", base, better, other])
+    assert "\n" not in str(e.value)
+    assert summarize.setting_name("/tmp/pts/curve/ours-v512/step-0001000.json") == "pts"  # the race's own point
