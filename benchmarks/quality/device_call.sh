@@ -87,6 +87,11 @@
 #   2e-3 (1.024x), then sweep "muon:4e-3:lm-head=target-frozen" in one call (501 s: 4.704) (docs/benchmarks.md "The
 #   frozen draft head"). Next: that section's plan (the frozen head with the other settings; race:<setting> in a sweep
 #   now restores a kept setting and races speculators at its recipe in one step).
+#   Thirteenth session (2026-12-06, H100, cold cache again): call 1 as above (561 s); quality 260 prep,spec_data then
+#   sweep "muon:2e-3:lm-head=target-frozen muon:2e-3:adamw-lr=2e-4 ..." in one call (531 s: 5.114, 5.035); sweep 550
+#   "race:muon_2e-3_lm-head-target-frozen $S" (516 s: 5.060, 5.111, 5.034; the race skipped: race: takes the setting,
+#   muon:2e-3:lm-head=target-frozen, and now refuses a kept name). Next: docs/benchmarks.md "Ours' settings around the
+#   frozen head" (the race in quality's own steps in call 2, then two settings).
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
