@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 
@@ -19,11 +18,10 @@ run_quality, curve = load("run_quality"), load("curve")
 
 
 def _bench(tmp_path, **flags):
-    """A race's Bench over ``tmp_path`` with the race's flags, ``flags`` changed (nothing runs)."""
-    a = argparse.Namespace(work=tmp_path / "work", out=tmp_path / "out", budget_s=60, train_steps=1000, ttt_decay=0.8,
-                           teacher_temperature=1.0, lm_head="target", min_lr_ratio=0.1, adamw_lr=None, optimizer="adamw",
-                           lr=5e-4, sides=("ours", "spec", "specce"), vocabs=[32768], tiny=True, retrain=False,
-                           eval_prompts=64, eval_new_tokens=96, draft_tokens=7)
+    """A race's Bench over ``tmp_path`` with the race's flags (their defaults as run_quality parses them, so ours'
+    follow the train stage's), ``flags`` changed (nothing runs)."""
+    a = run_quality.parse_args(["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--budget-s", "60",
+                                "--tiny", "--sides", "ours,spec,specce", "--draft-vocabs", "32768", "--train-steps", "1000"])
     vars(a).update(flags)
     return run_quality.Bench(a)
 
