@@ -38,6 +38,13 @@ class Ranks:
         if self.distributed and not dist.is_initialized():
             dist.init_process_group("gloo")
 
+    def leave(self) -> None:
+        """After the last collective, on every rank: the process group closed, so no gloo thread is left for the
+        interpreter's exit to abort ("terminate called without an active exception", the rank killed by SIGABRT
+        after the stage committed)."""
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
         if not self.distributed:

@@ -129,6 +129,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     mine = [writer.entries[shard_name(p.index)].model_dump() for p in todo]
     reports = ranks.gather((mine, stats.real_tokens, stats.padded_tokens, stats.batches_s, wall))
+    ranks.leave()  # the last collective: rank 0 goes on to commit alone
     if out is None:
         return {}  # only rank 0 writes the index and commits
     for entries, *_ in reports[1:]:
