@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 from files import write_json
 from pydantic import ValidationError
-from summarize import OURS_OWN, point_evaluator
+from summarize import OURS_OWN, SHARED, point_evaluator
 
 from eagle3.train.settings import TrainSettings
 
@@ -502,8 +502,6 @@ class Bench:
     def recipe(self, side: str) -> dict:
         """What a side's training result was trained with, beyond the data: a later call with other flags
         must not take it as its own (run() names the difference instead)."""
-        from summarize import SHARED
-
         own = {k: getattr(self.a, k) for k in OURS_OWN} if side == "ours" else {"loss_fn": SPEC_LOSS[side]}
         return {**{k: getattr(self.a, k) for k in SHARED}, **own}  # the flags are named as the recipe's keys
 

@@ -177,26 +177,36 @@ def summarize(target: dict | None, variants: dict[int, dict[str, dict | None]], 
     return {"headline": head, "status": status, "args": args}
 
 
+def _point(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"summarize: cannot read {path}: {e}") from None
+
+
+def _point_ratio(a: dict, b: dict, path_a: str, path_b: str) -> dict:
+    """A / B on the prompts both points decoded; points of different evaluators are refused in one line."""
+    if point_evaluator(a) != point_evaluator(b):
+        raise SystemExit(f"summarize: {path_a} and {path_b} were evaluated differently "
+                         f"({point_evaluator(a)} vs {point_evaluator(b)}): no paired ratio")
+    ratio_ = acceptance_ratio_ci(a, b)
+    if ratio_ is None:
+        raise SystemExit(f"summarize: {path_a} and {path_b} share fewer than 2 decoded prompts")
+    return ratio_
+
+
+def _point_summary(point: dict, path: str) -> dict:
+    return {"path": path, "step": point.get("step"), **(acceptance_ci(point) or {})}
+
+
 def paired(path_a: str, path_b: str) -> dict[str, Any]:
     """Two curve points' reports (``curve/<side>-v<vocab>/step-NNNNNNN.json``, as ``device_call.sh`` brings
     them back in ``curve_points.tgz``) compared on the prompts both decoded: each mean with its interval
     and the paired ratio A / B. Two trainings of one side on one target (a sweep's settings) have no
     ratio in the race's summary; this gives it. Points of different evaluators are refused."""
-    reports = []
-    for path in (path_a, path_b):
-        try:
-            reports.append(json.loads(Path(path).read_text()))
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"summarize paired: cannot read {path}: {e}") from None
-    a, b = reports
-    if point_evaluator(a) != point_evaluator(b):
-        raise SystemExit(f"summarize paired: {path_a} and {path_b} were evaluated differently "
-                         f"({point_evaluator(a)} vs {point_evaluator(b)}): no paired ratio")
-    ratio_ = acceptance_ratio_ci(a, b)
-    if ratio_ is None:
-        raise SystemExit(f"summarize paired: {path_a} and {path_b} share fewer than 2 decoded prompts")
-    return {"a": {"path": path_a, "step": a.get("step"), **(acceptance_ci(a) or {})},
-            "b": {"path": path_b, "step": b.get("step"), **(acceptance_ci(b) or {})}, "a_over_b": ratio_}
+    a, b = _point(path_a), _point(path_b)
+    ratio_ = _point_ratio(a, b, path_a, path_b)
+    return {"a": _point_summary(a, path_a), "b": _point_summary(b, path_b), "a_over_b": ratio_}
 
 
 def setting_name(path: str) -> str:
@@ -211,9 +221,13 @@ def settings(base: str, others: list[str], png: str | None = None) -> dict[str, 
     """Each of a sweep's settings against one of them (``base``), paired on the prompts both decoded: the
     sweep's table in one call, and with ``png`` its picture: each setting's ratio to the base with its
     paired 95 % interval (a bar crossing 1.0 is no difference on these prompts)."""
-    rows = [{"setting": setting_name(o), **paired(o, base)} for o in others]
-    table = {"base": {"setting": setting_name(base), **rows[0]["b"]} if rows else None,
-             "settings": [{"setting": r["setting"], **r["a"], "over_base": r["a_over_b"]} for r in rows]}
+    base_point = _point(base)
+    rows = []
+    for path in others:
+        point = _point(path)
+        rows.append({"setting": setting_name(path), **_point_summary(point, path),
+                     "over_base": _point_ratio(point, base_point, path, base)})
+    table = {"base": {"setting": setting_name(base), **_point_summary(base_point, base)}, "settings": rows}
     if png:
         _plot_settings(table, Path(png))
         table["png"] = png
