@@ -159,6 +159,17 @@ elif [ "$mode" = sweep ]; then
     done
     echo "sweep: ours is the $1 training again" | tee -a "$log"
   }
+  keep() {  # ours' training as the kept setting $1: copied whole, then named, so a kill or a failed copy (a full
+    # disk) mid-way leaves no half setting for restore: and race: to trust
+    local st=$E3Q/sweep/$1 d
+    rm -rf "$st.part"
+    for d in $kept_dirs; do
+      mkdir -p "$st.part/$d" && cp -a "$E3Q/$d"/ours[-_]v* "$st.part/$d/" \
+        || { rm -rf "$st.part"; echo "sweep: keeping $1 failed at $d/: not kept" | tee -a "$log"; return 1; }
+    done
+    mv "$st.part" "$st" \
+      || { rm -rf "$st.part"; echo "sweep: keeping $1 failed at the rename: not kept" | tee -a "$log"; return 1; }
+  }
   for s in $settings; do  # every setting read before any trains: a typo in the last must not end a sweep midway
     [[ $s == restore:* ]] || setting "${s#race:}" || exit 1
   done
@@ -189,19 +200,10 @@ elif [ "$mode" = sweep ]; then
       | tee -a "$log"
     # kept only when this call's report says ours trained (or was kept) and its final point was evaluated: a
     # skipped or cut retraining leaves the previous setting's result in place, not this one's
-    if [ -f "$OUT/quality_race.json" ] && python3 benchmarks/quality/summarize.py ours-finished "$OUT/quality_race.json"
-    then  # copied whole, then named: a kill or a failed copy mid-way leaves no half setting to restore
-      rm -rf "$st.part"; copied=1
-      for d in $kept_dirs; do
-        mkdir -p "$st.part/$d" && cp -a "$E3Q/$d"/ours[-_]v* "$st.part/$d/" || { copied=0; break; }
-      done
-      if [ "$copied" = 1 ] && mv "$st.part" "$st"; then
-        cp "$OUT/quality_race.json" "$OUT/sweep_$name.json"
-        echo "sweep: $name kept" | tee -a "$log"
-      else
-        rm -rf "$st.part"
-        echo "sweep: keeping $name failed at $d/: not kept" | tee -a "$log"
-      fi
+    if [ -f "$OUT/quality_race.json" ] && python3 benchmarks/quality/summarize.py ours-finished "$OUT/quality_race.json" \
+        && keep "$name"; then
+      cp "$OUT/quality_race.json" "$OUT/sweep_$name.json"
+      echo "sweep: $name kept" | tee -a "$log"
     fi
   done
   points_back  # the sweep's purpose first: the cache comes back from a later call if no room is left here
