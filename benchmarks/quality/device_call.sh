@@ -92,6 +92,9 @@
 #   "race:muon_2e-3_lm-head-target-frozen $S" (516 s: 5.060, 5.111, 5.034; the race skipped: race: takes the setting,
 #   muon:2e-3:lm-head=target-frozen, and now refuses a kept name). Next: docs/benchmarks.md "Ours' settings around the
 #   frozen head" (the race in quality's own steps in call 2, then two settings).
+#   Fourteenth session (2026-12-06, H100, cold cache): that plan as written (492 s, all four steps this time; 414 s:
+#   the race, 1.029x [1.003, 1.057]; sweep 575 of three settings, 391 s), then sweep 320 of two more (262 s). Next:
+#   docs/benchmarks.md "The race at the frozen head" (the race at --teacher-temperature 0.03, T 0.1 as the control).
 #   Disk: the hidden states exist twice (ours 5,125 B/token + speculators' copy: ~47 GB at 4.6M tokens); the other
 #   vocabs' runs adopt ours with --reuse-from (hard links), no third copy.
 # Several modes may follow each other in one call; each writes into $OUT and appends to $OUT/device_log.txt.
