@@ -142,8 +142,9 @@ elif [ "$mode" = sweep ]; then
     IFS=: read -ra pieces <<< "$1"
     opt=${pieces[0]}; lr=${pieces[1]}; name=${opt}_$lr; extra=()
     # a kept name (muon_2e-3_...) where a setting belongs parsed as an optimizer with no lr: refused, not skipped
-    if [[ ! $opt =~ ^(adamw|muon)$ || ! $lr =~ ^[0-9.]+(e-?[0-9]+)?$ ]]; then
-      echo "sweep: $1 is not adamw|muon:LR[:flag=value...] (race: takes the setting; restore: the kept name)" \
+    # (the form only: what an optimizer, lr or flag may be is run_quality's to say, in check() below)
+    if [[ ! $opt =~ ^[a-z]+$ || ! $lr =~ ^[0-9.]+(e-?[0-9]+)?$ ]]; then
+      echo "sweep: $1 is not OPTIMIZER:LR[:flag=value...] (race: takes the setting; restore: the kept name)" \
         | tee -a "$log"; return 1
     fi
     for kv in "${pieces[@]:2}"; do
@@ -173,8 +174,19 @@ elif [ "$mode" = sweep ]; then
     mv "$st.part" "$st" \
       || { rm -rf "$st.part"; echo "sweep: keeping $1 failed at the rename: not kept" | tee -a "$log"; return 1; }
   }
-  for s in $settings; do  # every setting read before any trains: a typo in the last must not end a sweep midway
-    [[ $s == restore:* ]] || setting "${s#race:}" || exit 1
+  check() {  # setting $1's flags as run_quality reads them (the optimizer's choices, the train stage's bounds, no
+    # flag it lacks), nothing run: one line that quotes run_quality's and 1 if refused
+    local said
+    said=$(python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" --steps "$2" "${@:3}" \
+      --optimizer "$opt" --lr "$lr" "${extra[@]}" --check 2>&1) \
+      || { echo "sweep: $1 refused: ${said##*$'\n'}" | tee -a "$log"; return 1; }
+  }
+  for s in $settings; do  # every setting checked before any trains: a typo in the last must not end a sweep midway
+    case $s in
+      restore:*) ;;
+      race:*) setting "${s#race:}" && check "${s#race:}" spec_data,spec,curve,plot "$@" || exit 1 ;;
+      *) setting "$s" && check "$s" ours,curve "$@" || exit 1 ;;
+    esac
   done
   for s in $settings; do
     if [[ $s == restore:* ]]; then restore "${s#restore:}" || exit 1; continue; fi

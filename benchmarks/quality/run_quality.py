@@ -39,8 +39,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import NoReturn
 
-import torch
 from files import write_json
 from pydantic import ValidationError
 from summarize import OURS_OWN, SHARED, point_evaluator
@@ -323,6 +323,7 @@ class Bench:
         per draft vocab and loss (each compiles its own graphs: every speculators side's step asked for, or
         every vocab of every speculators side in ``--sides`` when none is).
         """
+        import torch  # here, not at the top: checking a sweep's flags (--check) must not pay its import
         from spec_data import write_vocab
 
         from eagle3.data.tokenized import from_lists, write_tokenized
@@ -711,9 +712,16 @@ class StepFailed(Exception):
     pass
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's errors as one line (no usage block): a sweep quotes them as its own."""
+
+    def error(self, message: str) -> NoReturn:
+        raise SystemExit(f"run_quality: {message}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The race's flags with their defaults filled in; bad ones end the call in one line."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0], allow_abbrev=False)  # a sweep names settings by flag
     ap.add_argument("--work", type=Path, required=True, help="state kept between calls (e.g. /tmp/e3q)")
     ap.add_argument("--out", type=Path, required=True, help="where the summary and plot go ($OUT)")
     ap.add_argument("--budget-s", type=float, default=540)
@@ -758,6 +766,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-batch", type=int, default=64, help="evaluate: prompts decoded in lockstep per process "
                     "(all of them by default: one batch per curve point)")
     ap.add_argument("--serve-batch", type=int, default=2048, help="stand-in server batch = generate's concurrency")
+    ap.add_argument("--check", action="store_true", help="check every flag and the steps named, then exit: "
+                    "nothing runs (a sweep checks all its settings so before the first trains)")
     a = ap.parse_args(argv)
     a.sides = tuple(s for s in a.sides.split(",") if s)
     if a.sides[:1] != ("ours",) or not set(a.sides) <= set(SIDES) or len(set(a.sides)) != len(a.sides):
@@ -783,8 +793,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    steps = select_steps(a.steps, a.vocabs, a.sides)
+    if a.check:
+        return 0
     sys.path.insert(0, str(HERE))
-    summary = Bench(a).run(select_steps(a.steps, a.vocabs, a.sides))
+    summary = Bench(a).run(steps)
     print(json.dumps(summary["headline"], indent=2, default=str))
     print(json.dumps(summary["status"], indent=2))
     return 0

@@ -1,6 +1,7 @@
 """device_call.sh's sweep: each of ours' settings trained on one target, kept under its own name, and put back
 for speculators to race. Run with a stand-in harness (a test double of run_quality.py that records its flags and
-writes what a finished setting leaves) and stand-ins for nvidia-smi and pip: the GPU machine is not here."""
+writes what a finished setting leaves; the sweep's up-front check of every setting's flags, run_quality.py --check,
+goes to the real run_quality.py) and stand-ins for nvidia-smi and pip: the GPU machine is not here."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def _sweep(tmp_path: Path, settings: str, *flags: str) -> subprocess.CompletedPr
     (tmp_path / "harness_double.py").write_text(HARNESS_DOUBLE)
     (stubs / "python3").write_text(
         "#!/bin/bash\n"
-        f'if [ "$1" = benchmarks/quality/run_quality.py ]; then shift; exec {sys.executable} {tmp_path}/harness_double.py "$@"; fi\n'
+        f'if [ "$1" = benchmarks/quality/run_quality.py ]; then [ "${{@: -1}}" = --check ] && exec {sys.executable} "$@"; '
+        f'shift; exec {sys.executable} {tmp_path}/harness_double.py "$@"; fi\n'
         '[ "$1" = -m ] && exit 0  # pip: the wheels are the GPU machine\'s\n'
         '[[ $1 == -c && $2 == "import torch, transformers"* ]] && { echo "versions: test double"; exit 0; }\n'
         f'exec {sys.executable} "$@"\n')
@@ -96,7 +98,7 @@ def test_a_setting_piece_that_is_not_flag_equals_value_ends_the_call_in_one_line
         "sweep: frozen in muon:4e-3:frozen is not flag=value"]
 
 
-@pytest.mark.parametrize("setting", ["race:muon_2e-3_lm-head-target-frozen", "sgd:1e-3", "muon:fast"])
+@pytest.mark.parametrize("setting", ["race:muon_2e-3_lm-head-target-frozen", "muon:fast", "muon"])
 def test_a_race_given_a_kept_name_or_a_setting_with_no_optimizer_or_lr_is_refused_before_any_trains(tmp_path, setting):
     """race: takes the setting, restore: the name. Read as a setting, the name muon_2e-3_... was an optimizer with
     no lr: its race was said not kept and skipped while the rest of the sweep trained (the thirteenth session lost
@@ -104,8 +106,26 @@ def test_a_race_given_a_kept_name_or_a_setting_with_no_optimizer_or_lr_is_refuse
     assert _sweep(tmp_path, "muon:2e-3:lm-head=target-frozen", "--draft-vocabs", "512").returncode == 0
     done = _sweep(tmp_path, f"muon:4e-3 {setting}", "--draft-vocabs", "512")
     assert done.returncode == 1 and len(_calls(tmp_path)) == 1, done.stdout
-    said = f"sweep: {setting.removeprefix('race:')} is not adamw|muon:LR[:flag=value...] (race: takes the setting; "
+    said = f"sweep: {setting.removeprefix('race:')} is not OPTIMIZER:LR[:flag=value...] (race: takes the setting; "
     assert [line for line in done.stdout.splitlines() if line.startswith("sweep:")] == [said + "restore: the kept name)"]
+
+
+@pytest.mark.parametrize(("setting", "said"), [
+    ("sgd:1e-3", "argument --optimizer: invalid choice: 'sgd'"),
+    ("muon:2e-3:lm-head=frozen", "argument --lm-head: invalid choice: 'frozen'"),
+    ("race:muon:2e-3:teacher-temp=0.03", "unrecognized arguments: --teacher-temp 0.03"),
+    ("muon:2e-3:ttt-decay=1.5", "--ttt-decay in (0, 1]"),
+])
+def test_a_setting_run_quality_would_refuse_ends_the_call_in_one_line_before_any_trains(tmp_path, setting, said):
+    """Well formed, but a value run_quality refuses: the thirteenth session's sweep found such a setting only when
+    its turn came, after the settings ahead of it had trained. Every setting's flags now go through run_quality's
+    own parser (--check) first; an abbreviated flag, which argparse would take for the whole one and the kept
+    name would not, is refused too."""
+    done = _sweep(tmp_path, f"muon:2e-3 {setting}", "--draft-vocabs", "512")
+    assert done.returncode == 1 and _calls(tmp_path) == [], done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("sweep:")]
+    assert len(lines) == 1 and lines[0].startswith(f"sweep: {setting.removeprefix('race:')} refused: "), lines
+    assert said in lines[0]
 
 
 def test_a_restore_that_fails_midway_leaves_ours_untrained_not_half_restored(tmp_path):

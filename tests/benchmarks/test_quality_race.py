@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,6 +18,7 @@ from eagle3.train.settings import TrainSettings
 from tests.benchmarks.quality_modules import load
 
 run_quality, curve = load("run_quality"), load("curve")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _bench(tmp_path, **flags):
@@ -298,6 +302,23 @@ def test_bad_recipe_flags_are_one_line_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "w").exists()  # refused before the work folder was made
     assert [s for s in ("spec_warm", "spec_data", "specce_v512", "spec_v512", "ours_v512", "curve")
             if run_quality.needs_speculators(s)] == ["spec_warm", "spec_data", "specce_v512", "spec_v512"]
+
+
+def test_check_reads_every_flag_and_the_steps_and_runs_nothing(tmp_path):
+    """--check (what a sweep asks of each setting before the first trains): flags and steps as a run reads them,
+    errors in one line, no work folder made, and no torch imported (each check is a start-up on the device)."""
+    base = ["--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--draft-vocabs", "32768", "--check"]
+    assert run_quality.main(base + ["--steps", "ours,curve", "--optimizer", "muon", "--lm-head", "target-frozen"]) == 0
+    for flags, said in ((["--steps", "ours_v512"], "unknown step 'ours_v512'"),
+                        (["--teacher-temp", "0.03"], "run_quality: unrecognized arguments: --teacher-temp 0.03"),
+                        (["--optimizer", "sgd"], "run_quality: argument --optimizer: invalid choice: 'sgd'")):
+        with pytest.raises(SystemExit, match=re.escape(said)):
+            run_quality.main(base + flags)
+    assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()
+    script = ("import sys; sys.path.insert(0, 'benchmarks/quality'); import run_quality; "
+              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    imported = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]"
 
 
 def test_curve_points_of_another_evaluator_are_not_mixed_in(tmp_path):
