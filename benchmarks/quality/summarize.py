@@ -199,14 +199,28 @@ def _point_summary(point: dict, path: str) -> dict:
     return {"path": path, "step": point.get("step"), **(acceptance_ci(point) or {})}
 
 
+def _per_position(a: dict, b: dict) -> dict[str, list] | None:
+    """Each point's acceptance at every draft position, conditional on the positions before it (over all the
+    prompts it decoded, not paired), and A / B per position: where a lead in the mean comes from."""
+    ca, cb = ((p.get("acceptance_rate_per_position") or {}).get("conditional") for p in (a, b))
+    if not ca or not cb or len(ca) != len(cb):
+        return None
+    return {"a": ca, "b": cb, "a_over_b": [round(x / y, 3) if y else None for x, y in zip(ca, cb, strict=True)]}
+
+
 def paired(path_a: str, path_b: str) -> dict[str, Any]:
     """Two curve points' reports (``curve/<side>-v<vocab>/step-NNNNNNN.json``, as ``device_call.sh`` brings
     them back in ``curve_points.tgz``) compared on the prompts both decoded: each mean with its interval
-    and the paired ratio A / B. Two trainings of one side on one target (a sweep's settings) have no
-    ratio in the race's summary; this gives it. Points of different evaluators are refused."""
+    and the paired ratio A / B, then the conditional acceptance per draft position of each and its ratio.
+    Two trainings of one side on one target (a sweep's settings) have no ratio in the race's summary; this
+    gives it. Points of different evaluators are refused."""
     a, b = _point(path_a), _point(path_b)
     ratio_ = _point_ratio(a, b, path_a, path_b)
-    return {"a": _point_summary(a, path_a), "b": _point_summary(b, path_b), "a_over_b": ratio_}
+    out = {"a": _point_summary(a, path_a), "b": _point_summary(b, path_b), "a_over_b": ratio_}
+    per_position = _per_position(a, b)
+    if per_position:
+        out["conditional_per_position"] = per_position
+    return out
 
 
 def setting_name(path: str) -> str:

@@ -171,16 +171,23 @@ def test_paired_compares_two_curve_points_and_refuses_what_it_cannot_pair(tmp_pa
         path.write_text(json.dumps({"step": 1000, "evaluator": evaluator, **report(lengths), **extra}))
         return str(path)
 
-    muon = point("muon.json", {0: 4.2, 1: 5.0, 2: 3.1, 3: 4.0})
-    adamw = point("adamw.json", {0: 4.0, 1: 4.8, 2: 3.0, 3: 3.8})
+    def positions(*conditional):
+        return {"acceptance_rate_per_position": {"conditional": list(conditional)}}
+
+    muon = point("muon.json", {0: 4.2, 1: 5.0, 2: 3.1, 3: 4.0}, **positions(0.82, 0.9, 0.95))
+    adamw = point("adamw.json", {0: 4.0, 1: 4.8, 2: 3.0, 3: 3.8}, **positions(0.8, 0.9, 0.0))
     summarize.main(["paired", muon, adamw])
     out = json.loads(capsys.readouterr().out)
     assert out["a_over_b"]["prompts"] == 4 and 1.0 < out["a_over_b"]["ratio"] < 1.06
     assert out["a"]["mean_acceptance_length"] == 4.075 and out["b"]["step"] == 1000
+    # where the lead comes from: per draft position (a position B never accepted has no ratio)
+    assert out["conditional_per_position"] == {"a": [0.82, 0.9, 0.95], "b": [0.8, 0.9, 0.0],
+                                               "a_over_b": [1.025, 1.0, None]}
     old = tmp_path / "old.json"  # saved before points kept their evaluator: decoded with the old defaults
     old.write_text(json.dumps({"step": 1000, **report({0: 4.0, 1: 4.8})}))
     summarize.main(["paired", point("defaults.json", {0: 4.2, 1: 5.0}, evaluator=summarize.EVALUATOR_DEFAULTS), str(old)])
-    assert json.loads(capsys.readouterr().out)["a_over_b"]["prompts"] == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["a_over_b"]["prompts"] == 2 and "conditional_per_position" not in out  # neither point has them
     other = point("other.json", {0: 4.0, 1: 4.8}, evaluator={**evaluator, "eval_prompts": 2})
     for argv, said in ((["paired", muon, other], "evaluated differently"),
                        (["paired", muon, str(tmp_path / "gone.json")], "cannot read"),
