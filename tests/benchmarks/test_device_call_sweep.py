@@ -117,10 +117,10 @@ def test_a_race_given_a_kept_name_or_a_setting_with_no_optimizer_or_lr_is_refuse
     ("muon:2e-3:ttt-decay=1.5", "--ttt-decay in (0, 1]"),
 ])
 def test_a_setting_run_quality_would_refuse_ends_the_call_in_one_line_before_any_trains(tmp_path, setting, said):
-    """Well formed, but a value run_quality refuses: the thirteenth session's sweep found such a setting only when
-    its turn came, after the settings ahead of it had trained. Every setting's flags now go through run_quality's
-    own parser (--check) first; an abbreviated flag, which argparse would take for the whole one and the kept
-    name would not, is refused too."""
+    """Well formed, but a value run_quality refuses: such a setting used to fail only when its turn came, after the
+    settings ahead of it had trained (device time gone). Every setting's flags now go through run_quality's own
+    parser (--check) first; an abbreviated flag, which argparse would take for the whole one while the kept name
+    keeps the abbreviation, is refused too."""
     done = _sweep(tmp_path, f"muon:2e-3 {setting}", "--draft-vocabs", "512")
     assert done.returncode == 1 and _calls(tmp_path) == [], done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("sweep:")]
