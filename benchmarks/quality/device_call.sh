@@ -68,6 +68,9 @@ elif [ "$mode" = sweep ]; then
   # recipe is trained again), evaluates every curve point and plots: $OUT/race_<name>.json and race_<name>.png.
   settings=$3
   shift 3
+  flags=("$@")  # the race's flags, every setting's before its own
+  race_run=(spec_data,spec,curve,plot --retrain)              # race:'s steps, then what follows the setting's flags
+  setting_run=(ours,curve --checkpoint-every 1000 --retrain)  # a setting's: its training and final point, anew
   kept_dirs="snapshots curve recipes results"  # what a setting keeps of ours' training; results/ last: its done marker
   setting() {  # opt, lr, extra (ours' flags) and name of the setting opt:lr[:flag=value...]; 1 if malformed
     IFS=: read -ra pieces <<< "$1"
@@ -105,18 +108,22 @@ elif [ "$mode" = sweep ]; then
     mv "$st.part" "$st" \
       || { rm -rf "$st.part"; echo "sweep: keeping $1 failed at the rename: not kept" | tee -a "$log"; return 1; }
   }
-  check() {  # setting $1's flags as run_quality reads them (the optimizer's choices, the train stage's bounds, no
-    # flag it lacks), nothing run: one line that quotes run_quality's and 1 if refused
+  harness() {  # run_quality at the setting in $opt, $lr, $extra: $1 the budget (empty: none), $2 the steps, then the rest
+    local budget=$1 steps=$2
+    shift 2
+    python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" ${budget:+--budget-s "$budget"} --steps "$steps" \
+      "${flags[@]}" --optimizer "$opt" --lr "$lr" "${extra[@]}" "$@"
+  }
+  check() {  # setting $1 run as ${@:2} would run it, read by run_quality (the optimizer's choices, the train stage's
+    # bounds, no flag it lacks) and nothing run: one line that quotes run_quality's and 1 if refused
     local said
-    said=$(python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" --steps "$2" "${@:3}" \
-      --optimizer "$opt" --lr "$lr" "${extra[@]}" --check 2>&1) \
-      || { echo "sweep: $1 refused: ${said##*$'\n'}" | tee -a "$log"; return 1; }
+    said=$(harness "" "${@:2}" --check 2>&1) || { echo "sweep: $1 refused: ${said##*$'\n'}" | tee -a "$log"; return 1; }
   }
   for s in $settings; do  # every setting checked before any trains: a typo in the last must not end a sweep midway
     case $s in
       restore:*) ;;
-      race:*) setting "${s#race:}" && check "${s#race:}" spec_data,spec,curve,plot "$@" || exit 1 ;;
-      *) setting "$s" && check "$s" ours,curve "$@" || exit 1 ;;
+      race:*) setting "${s#race:}" && check "${s#race:}" "${race_run[@]}" || exit 1 ;;
+      *) setting "$s" && check "$s" "${setting_run[@]}" || exit 1 ;;
     esac
   done
   for s in $settings; do
@@ -127,8 +134,7 @@ elif [ "$mode" = sweep ]; then
       if [ "$(left)" -lt 160 ]; then echo "sweep: $(left) s left; race:$name next call" | tee -a "$log"; break; fi
       restore "$name" || exit 1
       rm -f "$OUT/quality_race.json" "$OUT/acceptance_vs_steps.png"  # an earlier report must not speak for this race
-      python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" --budget-s "$(( $(left) - 15 ))" \
-        --steps spec_data,spec,curve,plot "$@" --optimizer "$opt" --lr "$lr" "${extra[@]}" --retrain 2>&1 | tee -a "$log"
+      harness "$(( $(left) - 15 ))" "${race_run[@]}" 2>&1 | tee -a "$log"
       [ -f "$OUT/quality_race.json" ] && mv "$OUT/quality_race.json" "$OUT/race_$name.json"
       [ -f "$OUT/acceptance_vs_steps.png" ] && mv "$OUT/acceptance_vs_steps.png" "$OUT/race_$name.png"
       echo "sweep: speculators raced against $name: race_$name.json" | tee -a "$log"
@@ -141,9 +147,7 @@ elif [ "$mode" = sweep ]; then
     # --retrain: the previous setting's training is trained again; one of this setting whose final point a
     # deadline cut is kept and evaluated
     rm -f "$OUT/quality_race.json"  # the previous setting's report must not speak for this one
-    python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" --budget-s "$(( $(left) - 15 ))" \
-      --steps ours,curve "$@" --optimizer "$opt" --lr "$lr" "${extra[@]}" --checkpoint-every 1000 --retrain 2>&1 \
-      | tee -a "$log"
+    harness "$(( $(left) - 15 ))" "${setting_run[@]}" 2>&1 | tee -a "$log"
     # kept only when this call's report says ours trained (or was kept) and its final point was evaluated: a
     # skipped or cut retraining leaves the previous setting's result in place, not this one's
     if [ -f "$OUT/quality_race.json" ] && python3 benchmarks/quality/summarize.py ours-finished "$OUT/quality_race.json" \
