@@ -20,7 +20,7 @@
 # four calls back to back on one warm machine (carry [".whl"], and ".inductor" when a call of this session brought
 # back inductor.tgz.part-* pieces: both systems' compiled graphs for these shapes; a new checkout has neither, so
 # fetch_wheels.sh first). The machine is released after 30 s idle and /tmp/e3q with it: make the calls at once.
-# A start that fails costs device time (~180 s when no kind is named: two kinds tried; 90 s naming nvidia-h100-x1).
+# A start that fails costs 90 s of device time per kind tried (two when no kind is named; naming nvidia-h100-x1: one).
 # The race needs ~990 s with the start: once less is left, stop asking (half a race reports nothing).
 # A typical session (fourteenth, 2026-12-06, H100, cold cache; FLAGS, R and the sweep's settings as written there):
 #   1. quality 575 target,spec_warm,prep,spec_data $FLAGS                      ~490-560 s (a cold cache may cut extract)
