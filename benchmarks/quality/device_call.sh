@@ -17,9 +17,13 @@
 # (the race's and each kept sweep setting's), for `python benchmarks/quality/summarize.py paired A.json B.json`.
 #
 # Issue 21, one session (1,800 s of device time; the machine is usually an H100 even when an H200 is named): three or
-# four calls back to back on one warm machine (carry [".whl"], and ".inductor" when a call of this session brought
-# back inductor.tgz.part-* pieces: both systems' compiled graphs for these shapes; a new checkout has neither, so
-# fetch_wheels.sh first). The machine is released after 30 s idle and /tmp/e3q with it: make the calls at once.
+# four calls back to back on one warm machine, each carrying [".whl", ".inductor"]. Whenever a call brings back
+# inductor.tgz.part-* pieces (both systems' compiled graphs for these shapes), put them in .inductor/ at once,
+# replacing what is there: the work folder has outlived sessions since 2026-12-06, and a session that starts with
+# the cache saves ~370 s of speculators' compile in call 1 (a call with nothing carried logs "no carried inductor
+# cache"). A new checkout has neither folder: fetch_wheels.sh first; the cache then comes back from call 1.
+# The inductor cache is keyed by the card's name: pieces from an H100 spare an H200 only triton's kernels.
+# The machine is released after 30 s idle and /tmp/e3q with it: make the calls at once.
 # A start that fails costs 90 s of device time per kind tried (two when no kind or nvidia-h200 is named;
 # nvidia-h100-x1: one).
 # The race needs ~1,100 s with the start (sixteenth session: ~30 + 512 + 443 s, then ~90 s for the two final

@@ -14,7 +14,12 @@ MAX_PIECES=3
 MAX_FILES=8
 
 inductor_unpack() {  # the carried pieces into $E3Q/inductor, once per machine; how many files they held
-  ls "$CARRIED"/inductor.tgz.part-* >/dev/null 2>&1 && [ ! -d "$E3Q/inductor" ] || return 0
+  [ ! -d "$E3Q/inductor" ] || return 0
+  if ! ls "$CARRIED"/inductor.tgz.part-* >/dev/null 2>&1; then  # said, as it costs a race ~150-400 s of its call 1
+    echo "no carried inductor cache ($CARRIED/inductor.tgz.part-*): both systems compile cold (carry" \
+      "[\".whl\", \".inductor\"] after keeping a call's returned pieces in .inductor/)" | tee -a "$log"
+    return 0
+  fi
   mkdir -p "$E3Q" && cat "$CARRIED"/inductor.tgz.part-* | tar -xz -C "$E3Q" || {
     echo "carried inductor cache unreadable: starting without it" | tee -a "$log"; rm -rf "$E3Q/inductor"; return 0; }
   find "$E3Q/inductor" -type f | wc -l >"$E3Q/inductor.carried"

@@ -78,6 +78,17 @@ def test_a_carried_cache_is_unpacked_once_and_not_sent_back_unchanged(tmp_path):
     assert (machine / "e3q" / "inductor" / "fxgraph" / "spec_a").read_bytes() == recompiled
 
 
+def test_a_machine_with_nothing_carried_says_it_compiles_cold_once(tmp_path):
+    """The sixteenth session's returned pieces were never kept in .inductor/; in the next session speculators'
+    warm-up compiled cold for 468 s beside the target and prep (75-100 s with the cache carried), prep was cut,
+    and nothing in the log said why: a call with nothing carried says so."""
+    logged = _call(tmp_path, "inductor_unpack")
+    assert "no carried inductor cache" in logged and ".inductor" in logged
+    assert not (tmp_path / "e3q" / "inductor").exists()  # nothing made up: the systems compile into it themselves
+    _compile(tmp_path, "spec_a")  # call 1 compiled; call 2 on this machine has its cache and says nothing
+    assert _call(tmp_path, "inductor_unpack") == ""
+
+
 def test_broken_pieces_start_the_call_without_a_cache(tmp_path):
     _compile(tmp_path / "src", "spec_a", 2 * PIECE)  # 3 pieces with the tar headers
     _call(tmp_path / "src", "inductor_back")
