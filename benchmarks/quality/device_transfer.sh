@@ -15,13 +15,18 @@ MAX_FILES=8
 
 inductor_unpack() {  # the carried pieces into $E3Q/inductor, once per machine; how many files they held
   [ ! -d "$E3Q/inductor" ] || return 0
-  if ! ls "$CARRIED"/inductor.tgz.part-* >/dev/null 2>&1; then  # said, as it costs a race ~150-400 s of its call 1
-    echo "no carried inductor cache ($CARRIED/inductor.tgz.part-*): both systems compile cold (carry" \
-      "[\".whl\", \".inductor\"] after keeping a call's returned pieces in .inductor/)" | tee -a "$log"
+  if ! ls "$CARRIED"/inductor.tgz.part-* >/dev/null 2>&1; then  # logged: a cold start costs the race's call 1 ~370 s
+    echo "no carried inductor cache ($CARRIED/inductor.tgz.part-*): both systems compile cold; keep a call's" \
+      "returned pieces in .inductor/ and carry it" | tee -a "$log"
     return 0
   fi
-  mkdir -p "$E3Q" && cat "$CARRIED"/inductor.tgz.part-* | tar -xz -C "$E3Q" || {
-    echo "carried inductor cache unreadable: starting without it" | tee -a "$log"; rm -rf "$E3Q/inductor"; return 0; }
+  # unpacked aside and moved in whole: an unpack cut halfway (the call's limit, a lost piece) leaves no partial
+  # cache that a later call would take as carried and send back as new
+  local tmp="$E3Q/inductor.unpacking"
+  rm -rf "$tmp" && mkdir -p "$tmp" && cat "$CARRIED"/inductor.tgz.part-* | tar -xz -C "$tmp" \
+    && mv "$tmp/inductor" "$E3Q/inductor" || {
+    echo "carried inductor cache unreadable: starting without it" | tee -a "$log"; rm -rf "$tmp"; return 0; }
+  rm -rf "$tmp"
   find "$E3Q/inductor" -type f | wc -l >"$E3Q/inductor.carried"
   echo "carried inductor cache unpacked: $(du -sh "$E3Q/inductor" | cut -f1)" | tee -a "$log"
 }

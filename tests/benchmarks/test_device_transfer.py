@@ -5,6 +5,7 @@ carries 64 MiB, so each must come back whole or not at all, and only when it hol
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -15,13 +16,16 @@ REPO = Path(__file__).resolve().parents[2]
 PIECE = 4096  # bytes a piece; the device's 15 MiB, scaled down
 
 
-def _call(tmp_path: Path, *functions: str, out: str = "out") -> str:
-    """A device call's transfer steps, as device_call.sh runs them, in ``tmp_path``; what they logged."""
+def _call(tmp_path: Path, *functions: str, out: str = "out", path: str | None = None, check: bool = True) -> str:
+    """A device call's transfer steps, as device_call.sh runs them, in ``tmp_path``; what they logged. ``path``
+    goes first on PATH (a test's own tools); ``check`` False lets the call die."""
     (tmp_path / out).mkdir(exist_ok=True)
     env = {**os.environ, "E3Q": str(tmp_path / "e3q"), "OUT": str(tmp_path / out), "log": str(tmp_path / "log.txt"),
            "CARRIED": str(tmp_path / "carried"), "PIECE_BYTES": str(PIECE)}
+    if path:
+        env["PATH"] = f"{path}:{env['PATH']}"
     script = ". benchmarks/quality/device_transfer.sh; " + "; ".join(functions)
-    done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, check=check)
     return done.stdout
 
 
@@ -100,6 +104,27 @@ def test_broken_pieces_start_the_call_without_a_cache(tmp_path):
         (carried / piece.name).write_bytes(piece.read_bytes())
     logged = _call(tmp_path, "inductor_unpack")
     assert "unreadable" in logged and not (tmp_path / "e3q" / "inductor").exists()
+
+
+def test_a_call_killed_as_it_unpacks_leaves_nothing_a_later_call_takes_as_carried(tmp_path):
+    """The device call killed (its limit) right after tar wrote the cache, before it was counted as carried: the
+    next call on that machine must unpack the pieces again, not keep a cache it would send back as new."""
+    _compile(tmp_path / "src", "spec_a")
+    _call(tmp_path / "src", "inductor_back")
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    for piece in _pieces(tmp_path / "src" / "out"):
+        (carried / piece.name).write_bytes(piece.read_bytes())
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "tar").write_text(f"#!/bin/sh\n{shutil.which('tar')} \"$@\"\nkill -9 $PPID\n")  # then the call dies
+    (tools / "tar").chmod(0o755)
+    _call(tmp_path, "inductor_unpack", path=str(tools), check=False)
+    assert not (tmp_path / "e3q" / "inductor").exists()
+    assert "carried inductor cache unpacked" in _call(tmp_path, "inductor_unpack")  # the next call, same machine
+    assert sorted(p.name for p in (tmp_path / "e3q" / "inductor").rglob("*") if p.is_file()) == ["spec_a"]
+    assert not (tmp_path / "e3q" / "inductor.unpacking").exists()
+    assert _call(tmp_path, "inductor_back") == "" and _pieces(tmp_path / "out") == []  # nothing new to send
 
 
 @pytest.mark.parametrize("outputs, size, said", [
