@@ -19,7 +19,7 @@
 # Issue 21, one session (1,800 s of device time; the machine is usually an H100 even when an H200 is named): three or
 # four calls back to back on one warm machine, each carrying [".whl", ".inductor"]. Whenever a call brings back
 # inductor.tgz.part-* pieces (both systems' compiled graphs for these shapes), put them in .inductor/ at once,
-# replacing what is there: the work folder has outlived sessions since 2026-12-06, and a session that starts with
+# replacing what is there: the checkout here has outlived sessions since 2026-12-06, and a session that starts with
 # the cache saves ~370 s of speculators' compile in call 1 (a call with nothing carried logs "no carried inductor
 # cache"). A new checkout has neither folder: fetch_wheels.sh first; the cache then comes back from call 1.
 # The inductor cache is keyed by the card's name: pieces from an H100 spare an H200 only triton's kernels.
