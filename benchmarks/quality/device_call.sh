@@ -28,8 +28,8 @@
 # nvidia-h100-x1: one).
 # The race at 1,000 steps a side needs ~1,100 s with the start when the cache is cold (sixteenth session: ~30 +
 # 512 + 443 s, then ~90 s for the two final points), ~1,050 s warm (eighteenth: call 1 557 device s with the start,
-# then ~470 s); at 500 steps a side (pass --train-steps 500 --checkpoint-every 500) ~900 s warm. Once less is left,
-# stop asking (half a race reports nothing), and ask each call for all that is left.
+# then ~470 s); at 500 steps a side (pass --train-steps 500 --checkpoint-every 500) ~900 s warm. Below ~900 s stop
+# asking (a race cut before its curve reports nothing), and ask each call for all that is left.
 # A typical session (fourteenth, 2026-12-06, H100, cold cache; FLAGS, R and the sweep's settings as written there):
 #   1. quality 575 target,spec_warm,prep,spec_data $FLAGS                      ~490-560 s (a cold cache may cut extract)
 #   2. quality 560 prep,spec_data,ours_v32768,spec_v32768,curve,plot $FLAGS $R   ~410 s: the race
