@@ -61,6 +61,8 @@ case $mode in quality|sweep) inductor_unpack ;; esac  # the race's modes compile
 if [ "$mode" = quality ]; then
   steps="${3:-all}"
   shift $(( $# < 3 ? $# : 3 ))
+  # steps that train ours make it the race's again (run_quality retrains a result of another recipe)
+  [[ ,$steps, == *,all,* || ,$steps, == *,ours[,_]* ]] && rm -f "$OURS_IS_SETTING"
   python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" --budget-s "$(( $(left) - 15 ))" --steps "$steps" "$@" \
     2>&1 | tee -a "$log"
   cp "$E3Q/target_meta.json" "$OUT/" 2>/dev/null
@@ -72,7 +74,8 @@ elif [ "$mode" = sweep ]; then
   #   sweep BUDGET_S "adamw:5e-4 muon:2e-3:lm-head=target-frozen race:muon:2e-3:lm-head=target-frozen" FLAGS
   # A setting is optimizer:lr, then flag=value pieces passed as --flag value; its name joins them with _ (= as -):
   # muon_2e-3_lm-head-target-frozen. Each setting's training and final point are kept in /tmp/e3q/sweep/<name> and
-  # its summary in $OUT/sweep_<name>.json; a setting kept already is not trained again.
+  # its summary in $OUT/sweep_<name>.json; a setting kept already is not trained again. While ours is a setting's
+  # training that no race names (after a setting or restore:), its points in curve/ stay out of curve_points.tgz.
   # restore:<name> puts one back as ours' result. race:<setting> puts a kept setting back and races speculators'
   # kl_div side (spec) against it at the setting's optimizer, lr and ours' flags (a speculators training of another
   # recipe is trained again), evaluates every curve point and plots: $OUT/race_<name>.json and race_<name>.png.
@@ -105,6 +108,7 @@ elif [ "$mode" = sweep ]; then
       rm -rf "$E3Q/$d"/ours[-_]v*
       mkdir -p "$E3Q/$d" && cp -a "$st/$d/." "$E3Q/$d/" || { echo "sweep: restoring $1 failed at $d/" | tee -a "$log"; return 1; }
     done
+    echo "$1" >"$OURS_IS_SETTING"
     echo "sweep: ours is the $1 training again" | tee -a "$log"
   }
   keep() {  # ours' training as the kept setting $1: copied whole, then named, so a kill or a failed copy (a full
@@ -145,6 +149,7 @@ elif [ "$mode" = sweep ]; then
       restore "$name" || exit 1
       rm -f "$OUT/quality_race.json" "$OUT/acceptance_vs_steps.png"  # an earlier report must not speak for this race
       harness "$(( $(left) - 15 ))" "${race_run[@]}" 2>&1 | tee -a "$log"
+      rm -f "$OURS_IS_SETTING"  # ours' points in curve/ are this race's now, and race_$name.json names them
       [ -f "$OUT/quality_race.json" ] && mv "$OUT/quality_race.json" "$OUT/race_$name.json"
       [ -f "$OUT/acceptance_vs_steps.png" ] && mv "$OUT/acceptance_vs_steps.png" "$OUT/race_$name.png"
       echo "sweep: speculators raced against $name: race_$name.json" | tee -a "$log"
@@ -157,6 +162,7 @@ elif [ "$mode" = sweep ]; then
     # --retrain: the previous setting's training is trained again; one of this setting whose final point a
     # deadline cut is kept and evaluated
     rm -f "$OUT/quality_race.json"  # the previous setting's report must not speak for this one
+    echo "$name" >"$OURS_IS_SETTING"  # before it trains: a cut training is not the race's either
     harness "$(( $(left) - 15 ))" "${setting_run[@]}" 2>&1 | tee -a "$log"
     # kept only when this call's report says ours trained (or was kept) and its final point was evaluated: a
     # skipped or cut retraining leaves the previous setting's result in place, not this one's

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,8 @@ else:  # a race: speculators trains at the flags' recipe against the ours' resul
 """
 
 
-def _sweep(tmp_path: Path, settings: str, *flags: str) -> subprocess.CompletedProcess:
+def _sweep(tmp_path: Path, settings: str, *flags: str, mode: str = "sweep") -> subprocess.CompletedProcess:
+    """device_call.sh sweep (or ``mode``: quality, ``settings`` then its steps) with the doubles on PATH."""
     stubs = tmp_path / "bin"
     stubs.mkdir(exist_ok=True)
     (tmp_path / "harness_double.py").write_text(HARNESS_DOUBLE)
@@ -62,7 +64,7 @@ def _sweep(tmp_path: Path, settings: str, *flags: str) -> subprocess.CompletedPr
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "E3Q": str(tmp_path / "e3q"),
            "OUT": str(tmp_path / "out"), "CARRIED": str(tmp_path / "carried")}
     (tmp_path / "e3q").mkdir(exist_ok=True)
-    return subprocess.run(["bash", "benchmarks/quality/device_call.sh", "sweep", "600", settings, *flags],
+    return subprocess.run(["bash", "benchmarks/quality/device_call.sh", mode, "600", settings, *flags],
                           cwd=REPO, env=env, capture_output=True, text=True, check=False)
 
 
@@ -172,6 +174,7 @@ def test_a_setting_whose_final_point_the_deadline_skipped_is_not_kept(tmp_path):
     assert done.returncode == 0 and len(_calls(tmp_path)) == 1
     assert not (tmp_path / "e3q" / "sweep" / "muon_2e-3").exists() and "muon_2e-3 kept" not in done.stdout
     assert not (tmp_path / "out" / "sweep_muon_2e-3.json").exists()
+    assert not (tmp_path / "out" / "curve_points.tgz").exists()  # its cut training's point is no race's either
     (tmp_path / "e3q" / "cut_curve").unlink()  # the next call trains it again and keeps it
     assert "sweep: muon_2e-3 kept" in _sweep(tmp_path, "muon:2e-3", "--draft-vocabs", "512").stdout
 
@@ -190,3 +193,31 @@ def test_a_setting_whose_copy_fails_is_not_kept_half(tmp_path, folder):
     assert not (tmp_path / "out" / "sweep_muon_2e-3.json").exists()
     (tmp_path / "e3q" / "disk_full").unlink()
     assert "sweep: muon_2e-3 kept" in _sweep(tmp_path, "muon:2e-3", "--draft-vocabs", "512").stdout
+
+
+def _points(tmp_path: Path) -> set[str]:
+    with tarfile.open(tmp_path / "out" / "curve_points.tgz") as tar:
+        return {m.name for m in tar.getmembers() if m.isfile()}
+
+
+def test_a_setting_trained_in_place_does_not_come_back_as_the_races_points(tmp_path):
+    """The eighteenth session's call 3: a setting retrained ours after the race, and the call's curve_points.tgz
+    held the setting's point as curve/ours-v32768, the race's name. It must come back under sweep/<name>/ only,
+    until a race names ours again (race:<setting>, or the race's own call training ours)."""
+    e3q = tmp_path / "e3q"
+    for side in ("ours", "spec"):  # the race's points, from an earlier call on this machine
+        (e3q / "curve" / f"{side}-v512").mkdir(parents=True)
+        (e3q / "curve" / f"{side}-v512" / "step-0001000.json").write_text('{"race": true}')
+    done = _sweep(tmp_path, "adamw:5e-4", "--draft-vocabs", "512")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _points(tmp_path) == {"curve/spec-v512/step-0001000.json",
+                                 "sweep/adamw_5e-4/curve/ours-v512/step-0001000.json"}
+    assert "ours in curve/ is the sweep's adamw_5e-4 training, not the race's: left out" in done.stdout
+    done = _sweep(tmp_path, "race:adamw:5e-4", "--draft-vocabs", "512")  # raced: the report names ours
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "curve/ours-v512/step-0001000.json" in _points(tmp_path)
+    assert _sweep(tmp_path, "restore:adamw_5e-4").returncode == 0  # put back with no race: a setting's again
+    assert "curve/ours-v512/step-0001000.json" not in _points(tmp_path)
+    done = _sweep(tmp_path, "ours,curve", "--draft-vocabs", "512", "--optimizer", "muon", "--lr", "2e-3", mode="quality")
+    assert done.returncode == 0, done.stdout + done.stderr  # the race's call trains ours at its own recipe again
+    assert "curve/ours-v512/step-0001000.json" in _points(tmp_path)
