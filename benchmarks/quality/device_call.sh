@@ -103,12 +103,12 @@ elif [ "$mode" = sweep ]; then
     # kill or a failed copy midway leaves ours untrained, not half restored
     local st=$E3Q/sweep/$1 d
     [ -d "$st" ] || { echo "sweep: nothing kept as $1" | tee -a "$log"; return 1; }
+    echo "$1" >"$OURS_IS_SETTING"  # before the first copy: a half restore's points in curve/ are no race's either
     rm -rf "$E3Q/results"/ours[-_]v*
     for d in $kept_dirs; do
       rm -rf "$E3Q/$d"/ours[-_]v*
       mkdir -p "$E3Q/$d" && cp -a "$st/$d/." "$E3Q/$d/" || { echo "sweep: restoring $1 failed at $d/" | tee -a "$log"; return 1; }
     done
-    echo "$1" >"$OURS_IS_SETTING"
     echo "sweep: ours is the $1 training again" | tee -a "$log"
   }
   keep() {  # ours' training as the kept setting $1: copied whole, then named, so a kill or a failed copy (a full

@@ -142,6 +142,20 @@ def test_a_restore_that_fails_midway_leaves_ours_untrained_not_half_restored(tmp
     assert not (tmp_path / "e3q" / "results" / "ours_v512.json").exists()
 
 
+def test_a_restore_that_fails_after_the_curve_leaves_no_setting_point_under_the_races_name(tmp_path):
+    """A restore cut after curve/ is copied (here at recipes/), with ours the race's before it: the setting's
+    points now in curve/ must not come back as the race's in a later call's archive."""
+    assert _sweep(tmp_path, "muon:2e-3 race:muon:2e-3", "--draft-vocabs", "512").returncode == 0
+    assert "curve/ours-v512/step-0001000.json" in _points(tmp_path)  # raced: ours' points are the race's
+    kept = tmp_path / "e3q" / "sweep" / "muon_2e-3"
+    shutil.rmtree(kept / "recipes")
+    (kept / "recipes").write_text("not a folder")
+    assert _sweep(tmp_path, "restore:muon_2e-3").returncode == 1
+    assert (tmp_path / "e3q" / "curve" / "ours-v512" / "step-0001000.json").exists()  # copied before the cut
+    assert _sweep(tmp_path, "muon:2e-3", "--draft-vocabs", "512").returncode == 0  # kept earlier: only the points
+    assert "curve/ours-v512/step-0001000.json" not in _points(tmp_path)
+
+
 def test_a_race_puts_the_kept_setting_back_and_races_speculators_at_its_recipe(tmp_path):
     """race:<setting> after a later setting trained: ours must be the raced setting's training again, and
     speculators must train at that setting's optimizer, lr and ours' flags; the report keeps the setting's name."""
