@@ -21,14 +21,14 @@ inductor_unpack() {  # the carried pieces into $E3Q/inductor, once per machine; 
       "returned pieces in .inductor/ and carry it" | tee -a "$log"
     return 0
   fi
-  # unpacked aside and moved in whole: an unpack cut halfway (the call's limit, a lost piece) leaves no partial
-  # cache that a later call would take as carried and send back as new
+  # unpacked aside, counted, then moved in whole: a call cut at any point (its limit, a lost piece) leaves no cache
+  # that a later call would take as carried without its count and send back as new
   local tmp="$E3Q/inductor.unpacking"
   rm -rf "$tmp" && mkdir -p "$tmp" && cat "$CARRIED"/inductor.tgz.part-* | tar -xz -C "$tmp" \
-    && mv "$tmp/inductor" "$E3Q/inductor" || {
-    echo "carried inductor cache unreadable: starting without it" | tee -a "$log"; rm -rf "$tmp"; return 0; }
+    && find "$tmp/inductor" -type f | wc -l >"$E3Q/inductor.carried" && mv "$tmp/inductor" "$E3Q/inductor" || {
+    echo "carried inductor cache unreadable: starting without it" | tee -a "$log"
+    rm -rf "$tmp" "$E3Q/inductor.carried"; return 0; }
   rm -rf "$tmp"
-  find "$E3Q/inductor" -type f | wc -l >"$E3Q/inductor.carried"
   echo "carried inductor cache unpacked: $(du -sh "$E3Q/inductor" | cut -f1)" | tee -a "$log"
 }
 

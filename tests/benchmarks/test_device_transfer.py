@@ -106,25 +106,37 @@ def test_broken_pieces_start_the_call_without_a_cache(tmp_path):
     assert "unreadable" in logged and not (tmp_path / "e3q" / "inductor").exists()
 
 
+def _unpack_killed_after(tmp_path: Path, tool: str) -> None:
+    """A carried cache of one graph unpacked by a call killed (its limit) right after ``tool`` did its work."""
+    _compile(tmp_path / "src", "spec_a")
+    _call(tmp_path / "src", "inductor_back")
+    (tmp_path / "carried").mkdir()
+    for piece in _pieces(tmp_path / "src" / "out"):
+        (tmp_path / "carried" / piece.name).write_bytes(piece.read_bytes())
+    (tmp_path / "tools").mkdir()
+    dying = tmp_path / "tools" / tool
+    dying.write_text(f"#!/bin/sh\n{shutil.which(tool)} \"$@\"\nkill -9 $PPID\n")  # then the call dies
+    dying.chmod(0o755)
+    _call(tmp_path, "inductor_unpack", path=str(tmp_path / "tools"), check=False)
+
+
 def test_a_call_killed_as_it_unpacks_leaves_nothing_a_later_call_takes_as_carried(tmp_path):
     """The device call killed (its limit) right after tar wrote the cache, before it was counted as carried: the
     next call on that machine must unpack the pieces again, not keep a cache it would send back as new."""
-    _compile(tmp_path / "src", "spec_a")
-    _call(tmp_path / "src", "inductor_back")
-    carried = tmp_path / "carried"
-    carried.mkdir()
-    for piece in _pieces(tmp_path / "src" / "out"):
-        (carried / piece.name).write_bytes(piece.read_bytes())
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    (tools / "tar").write_text(f"#!/bin/sh\n{shutil.which('tar')} \"$@\"\nkill -9 $PPID\n")  # then the call dies
-    (tools / "tar").chmod(0o755)
-    _call(tmp_path, "inductor_unpack", path=str(tools), check=False)
+    _unpack_killed_after(tmp_path, "tar")
     assert not (tmp_path / "e3q" / "inductor").exists()
     assert "carried inductor cache unpacked" in _call(tmp_path, "inductor_unpack")  # the next call, same machine
     assert sorted(p.name for p in (tmp_path / "e3q" / "inductor").rglob("*") if p.is_file()) == ["spec_a"]
     assert not (tmp_path / "e3q" / "inductor.unpacking").exists()
     assert _call(tmp_path, "inductor_back") == "" and _pieces(tmp_path / "out") == []  # nothing new to send
+
+
+def test_a_call_killed_as_the_unpacked_cache_moves_in_does_not_send_it_back_as_new(tmp_path):
+    """Killed right after the unpacked cache was moved into place: it must already be counted as carried, or the
+    next call on that machine sends the carried cache back (27 MB of the 64 MiB the next session carries) as new."""
+    _unpack_killed_after(tmp_path, "mv")
+    assert (tmp_path / "e3q" / "inductor" / "fxgraph" / "spec_a").exists()
+    assert _call(tmp_path, "inductor_unpack", "inductor_back") == "" and _pieces(tmp_path / "out") == []
 
 
 @pytest.mark.parametrize("outputs, size, said", [
