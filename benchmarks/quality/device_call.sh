@@ -27,8 +27,8 @@
 # A start that fails costs 90 s of device time per kind tried (two when no kind or nvidia-h200 is named;
 # nvidia-h100-x1: one).
 # The race at 1,000 steps a side needs ~1,100 s with the start when the cache is cold (sixteenth session: ~30 +
-# 512 + 443 s, then ~90 s for the two final points), ~1,050 s warm (eighteenth: call 1 557 device s with the start,
-# then ~470 s); at 500 steps a side (pass --train-steps 500 --checkpoint-every 500) ~900 s warm. Below ~900 s stop
+# 512 + 443 s, then ~90 s for the two final points), ~1,030 s warm (nineteenth: call 1 545 device s with the start,
+# the race with --checkpoint-every 500 484 device s); at 500 steps a side (pass --train-steps 500 --checkpoint-every 500) ~900 s warm. Below ~900 s stop
 # asking (a race cut before its curve reports nothing), and ask each call for all that is left.
 # A typical session (fourteenth, 2026-12-06, H100, cold cache; FLAGS, R and the sweep's settings as written there):
 #   1. quality 575 target,spec_warm,prep,spec_data $FLAGS                      ~490-560 s (a cold cache may cut extract)
