@@ -28,8 +28,9 @@
 # nvidia-h100-x1: one).
 # The race at 1,000 steps a side needs ~1,100 s with the start when the cache is cold (sixteenth session: ~30 +
 # 512 + 443 s, then ~90 s for the two final points), ~1,030 s warm (nineteenth: call 1 545 device s with the start,
-# the race with --checkpoint-every 500 484 device s); at 500 steps a side (pass --train-steps 500 --checkpoint-every 500) ~900 s warm. Below ~900 s stop
-# asking (a race cut before its curve reports nothing), and ask each call for all that is left.
+# the race with --checkpoint-every 500 484 device s); at 500 steps a side (pass --train-steps 500
+# --checkpoint-every 500) ~900 s warm. Below ~900 s stop asking (a race cut before its curve reports nothing), and
+# ask each call for all that is left.
 # A typical session (fourteenth, 2026-12-06, H100, cold cache; FLAGS, R and the sweep's settings as written there):
 #   1. quality 575 target,spec_warm,prep,spec_data $FLAGS                      ~490-560 s (a cold cache may cut extract)
 #   2. quality 560 prep,spec_data,ours_v32768,spec_v32768,curve,plot $FLAGS $R   ~410 s: the race
@@ -61,10 +62,13 @@ case $mode in quality|sweep) inductor_unpack ;; esac  # the race's modes compile
 if [ "$mode" = quality ]; then
   steps="${3:-all}"
   shift $(( $# < 3 ? $# : 3 ))
-  # steps that train ours make it the race's again (run_quality retrains a result of another recipe)
-  [[ ,$steps, == *,all,* || ,$steps, == *,ours[,_]* ]] && rm -f "$OURS_IS_SETTING"
+  rm -f "$OUT/quality_race.json"  # an earlier mode's report in this call must not speak for this run
   python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" --budget-s "$(( $(left) - 15 ))" --steps "$steps" "$@" \
     2>&1 | tee -a "$log"
+  # ours is the race's again once this run's report says its result is of this run's recipe (trained now, or earlier
+  # at it); a setting's result of another recipe, kept without --retrain, or one this run did not reach, stays marked
+  [ -f "$OUT/quality_race.json" ] && python3 benchmarks/quality/summarize.py ours-of-this-recipe "$OUT/quality_race.json" \
+    && rm -f "$OURS_IS_SETTING"
   cp "$E3Q/target_meta.json" "$OUT/" 2>/dev/null
   inductor_back
   points_back

@@ -26,13 +26,21 @@ with open(work / "calls.jsonl", "a") as f:
     f.write(json.dumps(argv) + "\\n")
 flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}  # the last one wins
 recipe = {"optimizer": flags["--optimizer"], "lr": float(flags["--lr"]), "lm_head": flags.get("--lm-head", "target")}
-if "ours" in flags["--steps"].split(","):  # a sweep setting: ours trains and its final point is evaluated
-    for d, name in (("results", "ours_v512.json"), ("recipes", "ours-v512.json"), ("curve", "ours-v512/step-0001000.json")):
-        (work / d / name).parent.mkdir(parents=True, exist_ok=True)
-        (work / d / name).write_text(json.dumps(recipe))
-    (work / "snapshots" / "ours-v512").mkdir(parents=True, exist_ok=True)
+kept = work / "results" / "ours_v512.json"
+if "ours" in flags["--steps"].split(","):  # ours trains (a sweep setting's, or the race's) and its final point is evaluated
     curve = "skipped: 40s left, needs ~75s" if (work / "cut_curve").exists() else "done in 1s"  # a deadline
-    (out / "quality_race.json").write_text(json.dumps({"status": {"ours_v512": "done in 1s", "curve": curve}}))
+    if kept.exists() and "--retrain" not in argv:  # as run_quality: a result of another recipe is named and kept
+        old = json.loads(kept.read_text())
+        ours = "done earlier" if old == recipe else f"done earlier with lr {old['lr']} (now {recipe['lr']}) (--retrain trains it again)"
+    else:
+        for d, name in (("results", "ours_v512.json"), ("recipes", "ours-v512.json"), ("curve", "ours-v512/step-0001000.json")):
+            (work / d / name).parent.mkdir(parents=True, exist_ok=True)
+            (work / d / name).write_text(json.dumps(recipe))
+        (work / "snapshots" / "ours-v512").mkdir(parents=True, exist_ok=True)
+        ours = "done in 1s"
+    (out / "quality_race.json").write_text(json.dumps({"status": {"ours_v512": ours, "curve": curve}}))
+elif flags["--steps"] == "curve,plot":  # the race's curve alone: ours as it is
+    (out / "quality_race.json").write_text(json.dumps({"status": {"curve": "done in 1s", "plot": "done in 0.1s"}}))
 else:  # a race: speculators trains at the flags' recipe against the ours' result it finds
     (work / "results" / "spec_v512.json").write_text(json.dumps(recipe))
     ours = json.loads((work / "results" / "ours_v512.json").read_text())
@@ -232,6 +240,24 @@ def test_a_setting_trained_in_place_does_not_come_back_as_the_races_points(tmp_p
     assert "curve/ours-v512/step-0001000.json" in _points(tmp_path)
     assert _sweep(tmp_path, "restore:adamw_5e-4").returncode == 0  # put back with no race: a setting's again
     assert "curve/ours-v512/step-0001000.json" not in _points(tmp_path)
-    done = _sweep(tmp_path, "ours,curve", "--draft-vocabs", "512", "--optimizer", "muon", "--lr", "2e-3", mode="quality")
+    done = _sweep(tmp_path, "ours,curve", "--draft-vocabs", "512", "--optimizer", "muon", "--lr", "2e-3", "--retrain",
+                  mode="quality")
     assert done.returncode == 0, done.stdout + done.stderr  # the race's call trains ours at its own recipe again
+    assert "curve/ours-v512/step-0001000.json" in _points(tmp_path)
+
+
+def test_a_race_call_that_keeps_a_settings_training_of_another_recipe_does_not_send_it_as_the_races(tmp_path):
+    """A race call naming ours but without --retrain keeps a result of another recipe (run_quality says "done earlier
+    with ..."), and one that does not name ours leaves it as it is: ours is still the setting's training then, and its
+    points in curve/ must stay out. Only a run whose report says ours is of its own recipe makes them the race's."""
+    assert _sweep(tmp_path, "adamw:5e-4", "--draft-vocabs", "512").returncode == 0  # ours: the setting's training
+    race = ("--draft-vocabs", "512", "--optimizer", "muon", "--lr", "2e-3")
+    for steps in ("ours,curve", "curve,plot"):
+        done = _sweep(tmp_path, steps, *race, mode="quality")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "curve/ours-v512/step-0001000.json" not in _points(tmp_path), steps
+        assert "ours in curve/ is the sweep's adamw_5e-4 training, not the race's: left out" in done.stdout
+    assert json.loads((tmp_path / "e3q" / "results" / "ours_v512.json").read_text())["lr"] == 5e-4  # kept, not trained
+    done = _sweep(tmp_path, "ours,curve", "--draft-vocabs", "512", "--optimizer", "adamw", "--lr", "5e-4", mode="quality")
+    assert done.returncode == 0, done.stdout + done.stderr  # the race asks for the setting's recipe: "done earlier"
     assert "curve/ours-v512/step-0001000.json" in _points(tmp_path)

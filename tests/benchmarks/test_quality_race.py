@@ -17,7 +17,7 @@ from eagle3.train.checkpoint import FILES, step_dir
 from eagle3.train.settings import TrainSettings
 from tests.benchmarks.quality_modules import load
 
-run_quality, curve = load("run_quality"), load("curve")
+run_quality, curve, summarize = load("run_quality"), load("curve"), load("summarize")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -229,8 +229,13 @@ def test_a_saved_training_of_another_recipe_is_named_not_taken(tmp_path):
 def test_retrain_trains_a_saved_training_of_another_recipe_again_and_keeps_one_of_this_recipe(tmp_path, monkeypatch):
     """A sweep of ours' settings on one target: --retrain trains a result saved under other flags again; the
     old result stays until the new one is saved (a cut retraining loses nothing); one of this call's recipe
-    (its final point cut by a deadline) is kept and not trained again."""
+    (its final point cut by a deadline) is kept and not trained again. Each report says whether ours is of its
+    call's recipe (summarize.ours_of_this_recipe: what device_call.sh reads before it sends ours' points back as
+    the race's)."""
     trained = []
+
+    def of_this_recipe() -> bool:
+        return summarize.ours_of_this_recipe(tmp_path / "out" / "quality_race.json")
 
     def train(self, vocab):
         trained.append(vocab)
@@ -243,16 +248,19 @@ def test_retrain_trains_a_saved_training_of_another_recipe_again_and_keeps_one_o
     muon = _bench(tmp_path, optimizer="muon", lr=1e-3)
     status = muon.run(["ours_v32768"])["status"]
     assert trained == [] and status["ours_v32768"].startswith("done earlier with optimizer adamw (now muon)")
+    assert not of_this_recipe()  # kept without --retrain: still the adamw training
     monkeypatch.setattr(run_quality.Bench, "step_ours", lambda self, v: (_ for _ in ()).throw(
         run_quality.StepFailed("deadline")))
     status = _bench(tmp_path, optimizer="muon", lr=1e-3, retrain=True).run(["ours_v32768"])["status"]
-    assert "deadline" in status["ours_v32768"]
+    assert "deadline" in status["ours_v32768"] and not of_this_recipe()
     assert muon.done("ours_v32768")["optimizer"] == "adamw"  # cut: the old result stays, named as before
     monkeypatch.setattr(run_quality.Bench, "step_ours", train)
     status = _bench(tmp_path, optimizer="muon", lr=1e-3, retrain=True).run(["ours_v32768"])["status"]
-    assert trained == [32768] and muon.done("ours_v32768")["optimizer"] == "muon"
+    assert trained == [32768] and muon.done("ours_v32768")["optimizer"] == "muon" and of_this_recipe()
     status = _bench(tmp_path, optimizer="muon", lr=1e-3, retrain=True).run(["ours_v32768"])["status"]
-    assert trained == [32768] and status["ours_v32768"] == "done earlier"
+    assert trained == [32768] and status["ours_v32768"] == "done earlier" and of_this_recipe()
+    _bench(tmp_path, optimizer="muon", lr=1e-3).run(["plot"])
+    assert not of_this_recipe()  # a run that does not name ours says nothing of it
 
 
 def test_a_done_marker_killed_while_written_is_the_old_one_or_the_new_one(tmp_path):
