@@ -66,10 +66,10 @@ points_back() {  # every evaluated point's per-prompt rows, the race's and each 
     [[ -n $setting && $d == "$E3Q"/curve/ours[-_]* ]] && continue
     dirs+=("${d#"$E3Q"/}")
   done
-  [ -z "$setting" ] || echo "curve points: ours in curve/ is the sweep's $setting training, not the race's:" \
-    "left out (a kept setting's points are under sweep/)" | tee -a "$log"
   # an earlier send in this call is replaced, so it takes no room of its own
   [ "${#dirs[@]}" -gt 0 ] && [ "$(find "$OUT" -mindepth 1 -maxdepth 1 ! -name curve_points.tgz | wc -l)" -lt "$MAX_FILES" ] \
     || return 0
+  [ -z "$setting" ] || echo "curve points: ours in curve/ is the sweep's $setting training, not the race's:" \
+    "left out (a kept setting's points are under sweep/)" | tee -a "$log"
   tar -C "$E3Q" -czf "$OUT/curve_points.tgz" "${dirs[@]}"
 }
