@@ -153,8 +153,9 @@ elif [ "$mode" = sweep ]; then
       restore "$name" || exit 1
       rm -f "$OUT/quality_race.json" "$OUT/acceptance_vs_steps.png"  # an earlier report must not speak for this race
       harness "$(( $(left) - 15 ))" "${race_run[@]}" 2>&1 | tee -a "$log"
-      rm -f "$OURS_IS_SETTING"  # ours' points in curve/ are this race's now, and race_$name.json names them
-      [ -f "$OUT/quality_race.json" ] && mv "$OUT/quality_race.json" "$OUT/race_$name.json"
+      # ours' points in curve/ are this race's once its report names them (race_$name.json); a race that wrote none
+      # leaves ours the setting's, its points out of curve_points.tgz
+      [ -f "$OUT/quality_race.json" ] && rm -f "$OURS_IS_SETTING" && mv "$OUT/quality_race.json" "$OUT/race_$name.json"
       [ -f "$OUT/acceptance_vs_steps.png" ] && mv "$OUT/acceptance_vs_steps.png" "$OUT/race_$name.png"
       echo "sweep: speculators raced against $name: race_$name.json" | tee -a "$log"
       continue

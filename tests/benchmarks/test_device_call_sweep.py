@@ -41,6 +41,8 @@ if "ours" in flags["--steps"].split(","):  # ours trains (a sweep setting's, or 
     (out / "quality_race.json").write_text(json.dumps({"status": {"ours_v512": ours, "curve": curve}}))
 elif flags["--steps"] == "curve,plot":  # the race's curve alone: ours as it is
     (out / "quality_race.json").write_text(json.dumps({"status": {"curve": "done in 1s", "plot": "done in 0.1s"}}))
+elif (work / "race_dies").exists():  # a race that ends before its report (a crash, the call's limit)
+    sys.exit(1)
 else:  # a race: speculators trains at the flags' recipe against the ours' result it finds
     (work / "results" / "spec_v512.json").write_text(json.dumps(recipe))
     ours = json.loads((work / "results" / "ours_v512.json").read_text())
@@ -243,6 +245,20 @@ def test_a_setting_trained_in_place_does_not_come_back_as_the_races_points(tmp_p
     done = _sweep(tmp_path, "ours,curve", "--draft-vocabs", "512", "--optimizer", "muon", "--lr", "2e-3", "--retrain",
                   mode="quality")
     assert done.returncode == 0, done.stdout + done.stderr  # the race's call trains ours at its own recipe again
+    assert "curve/ours-v512/step-0001000.json" in _points(tmp_path)
+
+
+def test_a_race_that_writes_no_report_leaves_ours_the_settings(tmp_path):
+    """race:<setting> puts the setting back, and only its report (race_<name>.json) names ours' points as that
+    race's: a race that dies before writing one must not send the setting's points back under curve/."""
+    assert _sweep(tmp_path, "adamw:5e-4", "--draft-vocabs", "512").returncode == 0
+    (tmp_path / "e3q" / "race_dies").write_text("")
+    done = _sweep(tmp_path, "race:adamw:5e-4", "--draft-vocabs", "512")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (tmp_path / "out" / "race_adamw_5e-4.json").exists()
+    assert "curve/ours-v512/step-0001000.json" not in _points(tmp_path)
+    (tmp_path / "e3q" / "race_dies").unlink()
+    assert _sweep(tmp_path, "race:adamw:5e-4", "--draft-vocabs", "512").returncode == 0
     assert "curve/ours-v512/step-0001000.json" in _points(tmp_path)
 
 
