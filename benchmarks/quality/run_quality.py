@@ -43,7 +43,7 @@ from typing import NoReturn
 
 from files import write_json
 from pydantic import ValidationError
-from summarize import OURS_OWN, SHARED, point_evaluator
+from summarize import DONE_EARLIER, DONE_IN, OURS_OWN, SHARED, point_evaluator
 
 from eagle3.train.settings import TrainSettings
 
@@ -658,8 +658,8 @@ class Bench:
             if self.done(step) and step not in ("curve", "plot"):  # curve adds the points still missing
                 change = self.recipe_change(step)
                 if change is None or not self.a.retrain:
-                    status[step] = "done earlier" if change is None else (
-                        f"done earlier with {change} (--retrain trains it again)")
+                    status[step] = DONE_EARLIER if change is None else (
+                        f"{DONE_EARLIER} with {change} (--retrain trains it again)")
                     continue
                 # the old result stays until the new one is saved: a cut retraining resumes on the next call
                 self.log(f"{step}: done earlier with {change}; retraining")
@@ -691,7 +691,7 @@ class Bench:
                            "plot": self.step_plot}[step]()
                 res["step_seconds"] = round(time.monotonic() - t0, 1)
                 self.save(step, res)
-                status[step] = f"done in {res['step_seconds']}s"
+                status[step] = f"{DONE_IN}{res['step_seconds']}s"
             except StepFailed as e:
                 status[step] = f"failed: {e}"
                 self.log(status[step])

@@ -31,6 +31,11 @@ MATCHED = ("ttt_decay", "optimizer", "lr")  # train_steps: a side short of the r
 # ours' own settings (the train stage's): the teacher, the draft head trained or frozen, where the cosine ends, the
 # peak lr of Muon's AdamW group (the head and norms; None: --lr)
 OURS_OWN = ("teacher_temperature", "lm_head", "min_lr_ratio", "adamw_lr")
+# A step's status in a race report, as run_quality writes it and the readers below (device_call.sh's) take it:
+# ran in this call ("done in 12.3s"), or skipped as done earlier at this call's recipe (alone) or at another
+# ("done earlier with ...").
+DONE_IN = "done in "
+DONE_EARLIER = "done earlier"
 
 
 def steady(records: list[dict[str, Any]], key: str = "tokens_per_s", skip: float = 0.2,
@@ -287,7 +292,7 @@ def ours_of_this_recipe(report: str | Path) -> bool:
     with ..."), or ours not run at all, is not: then ours is still whatever trained it before (a sweep setting)."""
     status = json.loads(Path(report).read_text())["status"]
     ours = [v for k, v in status.items() if k.startswith("ours_v")]
-    return bool(ours) and all(v == "done earlier" or v.startswith("done in ") for v in ours)
+    return bool(ours) and all(v == DONE_EARLIER or v.startswith(DONE_IN) for v in ours)
 
 
 def main(argv: list[str] | None = None) -> None:
