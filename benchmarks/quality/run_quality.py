@@ -15,7 +15,8 @@ training cut by the deadline resumes from its newest checkpoint on the next call
    ``spec_vV`` = speculators on the same samples, vocab mapping, steps and tokens per step
    (spec_train.py), with its default loss for EAGLE-3 (kl_div); ``specce_vV`` (``--sides``)
    = the same with its ``ce`` loss (cross-entropy on the target's argmax), the control for
-   ``--teacher-temperature`` below 1. Each for ``--train-steps`` optimizer steps; every
+   ``--teacher-temperature`` below 1. Each for ``--train-steps`` optimizer steps (ours for
+   ``--ours-train-steps`` when given: a race at equal training seconds, which the summary names); every
    checkpoint is copied aside while they train (curve.Snapshots).
 5. ``curve``      every kept checkpoint of both systems exported and decoded by the evaluate stage's
    decoder on the same held-out prompts (curve.py); final checkpoints first, one file per point.
@@ -187,7 +188,7 @@ class Bench:
                         "shard_tokens": 1 << 18 if tiny else 1 << 20},
             "drafter": {"rms_norm_eps": 1e-5},
             # max_steps bounds training (and the cosine horizon); epochs only has to be large enough
-            "train": {"epochs": 1000, "max_steps": a.train_steps, "batch_tokens": a.batch_tokens,
+            "train": {"epochs": 1000, "max_steps": self.train_steps("ours"), "batch_tokens": a.batch_tokens,
                       "max_seq_len": 2048, "lr": a.lr, "warmup_steps": a.warmup_steps, "ttt_steps": 7,
                       "ttt_decay": a.ttt_decay, "teacher_temperature": a.teacher_temperature, "optimizer": a.optimizer,
                       "lm_head": a.lm_head, "min_lr_ratio": a.min_lr_ratio, "adamw_lr": a.adamw_lr,
@@ -500,11 +501,16 @@ class Bench:
                 "final_step": max((s for s, _ in spec_checkpoints(save)), default=None), "epochs": epochs,
                 **self.recipe(side)}
 
+    def train_steps(self, side: str) -> int:
+        """The optimizer steps a side trains: --train-steps, or for ours --ours-train-steps when given."""
+        return (self.a.ours_train_steps if side == "ours" else None) or self.a.train_steps
+
     def recipe(self, side: str) -> dict:
         """What a side's training result was trained with, beyond the data: a later call with other flags
         must not take it as its own (run() names the difference instead)."""
         own = {k: getattr(self.a, k) for k in OURS_OWN} if side == "ours" else {"loss_fn": SPEC_LOSS[side]}
-        return {**{k: getattr(self.a, k) for k in SHARED}, **own}  # the flags are named as the recipe's keys
+        # the flags are named as the recipe's keys; train_steps is the side's own
+        return {**{k: getattr(self.a, k) for k in SHARED}, "train_steps": self.train_steps(side), **own}
 
     def recipe_change(self, step: str) -> str | None:
         """How the recipe of ``step``'s saved result differs from this call's flags (None: it does not; a result
@@ -534,7 +540,7 @@ class Bench:
 
                 points = [(vocab, side, s, p) for s, p in snapshot_steps(self.snapshots(side, vocab))]
                 finals += points[-1:]
-                rest += [p for p in points[:-1] if p[2] < self.a.train_steps]
+                rest += [p for p in points[:-1] if p[2] < self.train_steps(side)]
         return finals + sorted(rest, key=lambda p: (self.a.vocabs.index(p[0]), p[2], p[1]))
 
     def point_file(self, vocab: int, side: str, step: int) -> Path:
@@ -739,6 +745,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--draft-vocabs", default=None, help="comma list; the first is the main race "
                     "(default 16384,32768,64000; tiny 512,1024,2048); the target's vocab = no mapping")
     ap.add_argument("--train-steps", type=int, default=None, help="optimizer steps, both systems (default 1200; tiny 12)")
+    ap.add_argument("--ours-train-steps", type=int, default=None, help="ours' optimizer steps when not "
+                    "--train-steps: a race at equal training seconds (speculators' steps times the throughput "
+                    "ratio), which the summary names as such; the acceptance goal is set at equal steps")
     ap.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints = curve points "
                     "(default 200; tiny 4)")
     ap.add_argument("--batch-tokens", type=int, default=16384, help="tokens per optimizer step (both systems)")
@@ -780,6 +789,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.vocabs = [int(v) for v in (a.draft_vocabs or ("512,1024,2048" if a.tiny else "16384,32768,64000")).split(",")]
     if a.train_steps is None:
         a.train_steps = 12 if a.tiny else 1200
+    if a.train_steps < 1 or (a.ours_train_steps is not None and a.ours_train_steps < 1):
+        raise SystemExit("--train-steps and --ours-train-steps must be at least 1")
     if a.checkpoint_every is None:
         a.checkpoint_every = 4 if a.tiny else 200
     if a.target_seconds is None and not a.tiny:

@@ -117,8 +117,17 @@ def ratio(name_a: str, a: float | None, name_b: str, b: float | None) -> float |
     return refused(missing) if missing else round(a / b, 3)  # type: ignore[operator]
 
 
+def steady_train_seconds(side: dict) -> float | None:
+    """A side's training time at its steady rate: its tokens (ours counts them; speculators logs its mean per
+    step) over its steady tokens/s, start-up and compile left out as the throughput ratio leaves them out."""
+    train = side.get("train") or {}
+    tokens = train.get("tokens") or (train.get("mean_tokens_per_step") or 0) * (side.get("final_step") or 0)
+    rate = train.get("steady_tokens_per_s")
+    return round(tokens / rate, 1) if tokens and rate else None
+
+
 def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = None,
-                    theirs: str = "speculators") -> dict[str, Any]:
+                    theirs: str = "speculators", ours_steps: int | None = None) -> dict[str, Any]:
     """One draft vocab's race: each side's final acceptance (CI), training numbers, and the ratios.
 
     ``ours`` / ``spec``: {"final": evaluator report of the last checkpoint (None: not evaluated yet),
@@ -126,7 +135,9 @@ def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = No
     counts as missing (a CPU ``--dry-run`` of speculators saves its untrained drafter: step 0). A
     side trained but not yet evaluated keeps its training numbers, so the throughput and memory
     ratios come out of a call the deadline cut before the curve. Sides trained with different
-    :data:`MATCHED` settings get no acceptance ratio. ``theirs``: the other side's name.
+    :data:`MATCHED` settings get no acceptance ratio. ``theirs``: the other side's name. ``ours_steps``: the
+    steps ours trains when not ``steps`` (``--ours-train-steps``: a race at equal training seconds, which the
+    ratio then says it is, with each side's steady training seconds).
     """
     out: dict[str, Any] = {}
     if ours and ours.get("draft_vocab_coverage") is not None:  # share of generated tokens the draft vocab holds
@@ -137,20 +148,27 @@ def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = No
     for name, side in sides:
         if not side:
             out[name] = refused([name])
-        elif steps is not None and (side.get("final_step") or 0) < steps:
-            out[name] = refused([f"{name} (trained {side.get('final_step') or 0} of {steps} steps)"])
+        elif (need := (ours_steps or steps) if name == "eagle3ctl" else steps) is not None \
+                and (side.get("final_step") or 0) < need:
+            out[name] = refused([f"{name} (trained {side.get('final_step') or 0} of {need} steps)"])
         else:
             trained[name] = side.get("train") or {}
             evaluated[name] = bool(side.get("final"))
             out[name] = {"acceptance": acceptance_ci(side["final"]) if evaluated[name]
                          else refused([f"{name}'s evaluated final checkpoint"]),
-                         "steps": side.get("final_step"), "recipe": recipes[name], "train": side.get("train")}
+                         "steps": side.get("final_step"), "recipe": recipes[name], "train": side.get("train"),
+                         "steady_train_seconds": steady_train_seconds(side)}
     mine, other = recipes.get("eagle3ctl"), recipes.get(theirs)
     unmatched = [f"{k} {mine[k]} vs {other[k]}" for k in MATCHED if mine and other and mine[k] != other[k]]
     if unmatched:  # e.g. one side retrained with --ttt-decay, the other's result from an earlier call
         out["acceptance_ratio"] = f"not reported: trained with different recipes ({', '.join(unmatched)})"
     elif all(evaluated.get(n) for n in ("eagle3ctl", theirs)):
         out["acceptance_ratio"] = acceptance_ratio_ci(ours["final"], spec["final"]) or refused(["shared prompts"])
+        counts = {n: recipes[n]["train_steps"] for n in ("eagle3ctl", theirs)}
+        if isinstance(out["acceptance_ratio"], dict) and len(set(counts.values())) > 1:
+            out["acceptance_ratio"]["unequal_steps"] = (
+                f"{', '.join(f'{n} {c} steps' for n, c in counts.items())}: a race at equal training seconds, "
+                "not the race at equal steps and tokens the acceptance goal is set for")
     else:
         out["acceptance_ratio"] = refused([n for n in ("eagle3ctl", theirs) if not evaluated.get(n)])
     ot, st = trained.get("eagle3ctl", {}), trained.get(theirs, {})
@@ -169,12 +187,12 @@ def summarize(target: dict | None, variants: dict[int, dict[str, dict | None]], 
                                                      "train_tokens_per_s")}
     head["goals"] = "acceptance ratio >= 1.1 with ci95 above 1.0; throughput ratio >= 1.5; peak memory ratio <= 1.0"
     head["by_draft_vocab"] = {}
-    steps = args.get("train_steps")
+    steps, ours_steps = args.get("train_steps"), args.get("ours_train_steps")
     for v, sides in sorted(variants.items()):
-        race = variant_summary(sides.get("ours"), sides.get("spec"), steps)
+        race = variant_summary(sides.get("ours"), sides.get("spec"), steps, ours_steps=ours_steps)
         for side in (s for s in sides if s not in ("ours", "spec")):
             name = (names or {}).get(side, side)
-            control = variant_summary(sides.get("ours"), sides[side], steps, name)
+            control = variant_summary(sides.get("ours"), sides[side], steps, name, ours_steps)
             for ours_only in ("eagle3ctl", "draft_vocab_coverage"):  # in the race above already
                 control.pop(ours_only, None)
             race.setdefault("vs", {})[name] = control

@@ -226,6 +226,32 @@ def test_a_saved_training_of_another_recipe_is_named_not_taken(tmp_path):
     assert TrainSettings(**train).lm_head == "target-frozen"  # keys the train stage reads, not a typo it ignores
 
 
+def test_ours_own_steps_are_its_recipe_so_an_equal_seconds_training_is_never_taken_for_the_races(tmp_path):
+    """--ours-train-steps (a race at equal training seconds): ours trains its own steps and says so in its recipe;
+    speculators keeps --train-steps. A training saved at equal seconds is named, not taken, by a later race at equal
+    steps (and the other way round), and ours' points below its own last step stay on the curve."""
+    b = _bench(tmp_path, ours_train_steps=3000, sides=("ours", "spec"), vocabs=[512])
+    assert b.recipe("ours")["train_steps"] == 3000 and b.recipe("spec")["train_steps"] == 1000
+    assert yaml.safe_load(b.config(512).read_text())["train"]["max_steps"] == 3000
+    b.save("ours_v512", {"final_step": 3000, **b.recipe("ours")})
+    b.save("spec_v512", {"final_step": 1001, **b.recipe("spec")})
+    assert b.recipe_change("ours_v512") is None and b.recipe_change("spec_v512") is None
+    equal = _bench(tmp_path, sides=("ours", "spec"), vocabs=[512])
+    assert equal.recipe_change("ours_v512") == "train_steps 3000 (now 1000)"
+    assert equal.recipe_change("spec_v512") is None  # speculators trained the race's steps either way
+    status = equal.run(["ours_v512"])["status"]
+    assert status["ours_v512"] == "done earlier with train_steps 3000 (now 1000) (--retrain trains it again)"
+    for side, steps in (("ours", (1000, 2000, 3000)), ("spec", (500, 1000, 1001))):
+        for step in steps:
+            snap = b.snapshots(side, 512) / f"step-{step:07d}"
+            snap.mkdir(parents=True)
+            (snap / curve.MODEL).write_bytes(b"w")
+    assert [(side, step) for _, side, step, _ in b.curve_points()] == [
+        ("ours", 3000), ("spec", 1001), ("spec", 500), ("ours", 1000), ("ours", 2000)]
+    with pytest.raises(SystemExit, match="--train-steps and --ours-train-steps must be at least 1"):
+        run_quality.parse_args(["--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--ours-train-steps", "0"])
+
+
 def test_retrain_trains_a_saved_training_of_another_recipe_again_and_keeps_one_of_this_recipe(tmp_path, monkeypatch):
     """A sweep of ours' settings on one target: --retrain trains a result saved under other flags again; the
     old result stays until the new one is saved (a cut retraining loses nothing); one of this call's recipe

@@ -81,6 +81,30 @@ def test_ratios_are_refused_when_a_side_is_missing():
     assert isinstance(short["eagle3ctl"], dict)  # 12 of 12 steps
 
 
+def test_a_race_at_unequal_steps_says_so_beside_its_ratio_and_ours_must_reach_its_own_steps():
+    """--ours-train-steps: ours trained 3x speculators' steps in about its training seconds. The ratio is
+    reported (the measurement asked for), labelled as not the race the acceptance goal is set for, with each
+    side's steady training seconds; ours stopped short of its own steps counts as missing."""
+    ours = {"final": report({i: 2.4 for i in range(4)}), "final_step": 3000, "train_steps": 3000,
+            "train": {"tokens": 3000 * 16000, "steady_tokens_per_s": 400000.0}}
+    spec = {"final": report({i: 2.0 for i in range(4)}), "final_step": 1000, "train_steps": 1000,
+            "train": {"mean_tokens_per_step": 16000.0, "steady_tokens_per_s": 125000.0}}
+    race = summarize.variant_summary(ours, spec, steps=1000, ours_steps=3000)
+    assert race["acceptance_ratio"]["ratio"] == 1.2
+    assert race["acceptance_ratio"]["unequal_steps"].startswith("eagle3ctl 3000 steps, speculators 1000 steps: "
+                                                                 "a race at equal training seconds")
+    assert (race["eagle3ctl"]["steady_train_seconds"], race["speculators"]["steady_train_seconds"]) == (120.0, 128.0)
+    short = summarize.variant_summary({**ours, "final_step": 1000}, spec, steps=1000, ours_steps=3000)
+    assert short["eagle3ctl"] == "not reported: eagle3ctl (trained 1000 of 3000 steps) missing"
+    assert short["acceptance_ratio"] == "not reported: eagle3ctl missing"
+    matched = summarize.summarize(None, {512: {"ours": {**ours, "train_steps": 1000, "final_step": 1000},
+                                               "spec": spec}}, {}, {"train_steps": 1000})
+    assert "unequal_steps" not in matched["headline"]["by_draft_vocab"]["512"]["acceptance_ratio"]
+    both = summarize.summarize(None, {512: {"ours": ours, "spec": spec}}, {},
+                               {"train_steps": 1000, "ours_train_steps": 3000})["headline"]["by_draft_vocab"]["512"]
+    assert "unequal_steps" in both["acceptance_ratio"]
+
+
 def test_the_curves_plot_is_a_png(tmp_path):
     plot = load("plot_quality")
     points = [{"step": s, "mean_acceptance_length": 1 + s / 1000, "ci95": [0.9 + s / 1000, 1.1 + s / 1000]}
