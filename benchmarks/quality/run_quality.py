@@ -603,12 +603,17 @@ class Bench:
         return math.ceil(max(took)) + 5 if took else default
 
     def curves(self) -> dict[int, dict[str, list[dict]]]:
-        from summarize import acceptance_ci
+        """Per vocab and system, the evaluated points: step, acceptance with its interval, and the steady training
+        seconds to that step (the side's steady seconds per step; None when its training did not say)."""
+        from summarize import acceptance_ci, steady_train_seconds
 
         out: dict[int, dict[str, list[dict]]] = {}
         for vocab in self.a.vocabs:
             for side in self.a.sides:
                 name = SIDES[side]
+                trained = self.done(f"{side}_v{vocab}") or {}
+                total = steady_train_seconds(trained)
+                per_step = total / trained["final_step"] if total else None
                 points = []
                 for p in sorted((self.work / "curve" / f"{side}-v{vocab}").glob("step-*.json")):
                     rep = self.point(vocab, side, int(p.stem.removeprefix("step-")))
@@ -616,7 +621,8 @@ class Bench:
                         continue
                     ci = acceptance_ci(rep) or {}
                     points.append({"step": rep["step"], "mean_acceptance_length": rep.get("mean_acceptance_length"),
-                                   "ci95": ci.get("ci95")})
+                                   "ci95": ci.get("ci95"),
+                                   "seconds": round(rep["step"] * per_step, 1) if per_step else None})
                 if points:
                     out.setdefault(vocab, {})[name] = points
         return out

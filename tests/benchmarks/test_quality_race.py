@@ -376,6 +376,26 @@ def test_curve_points_of_another_evaluator_are_not_mixed_in(tmp_path):
     assert wider.point_file(512, "ours", 1000).exists()  # kept: the old evaluator's point is not destroyed
 
 
+def test_curve_points_carry_the_steady_training_seconds_to_their_step(tmp_path):
+    """The plot's second panel: a point's x is its step times the side's steady seconds per step (its tokens over
+    its steady tokens/s); a side whose training gave no rate has no seconds and stays off that panel."""
+    b = _bench(tmp_path, sides=("ours", "spec"), vocabs=[512])
+    b.save("ours_v512", {"final_step": 1000, "train": {"tokens": 16_000_000, "steady_tokens_per_s": 400_000.0}})
+    b.save("spec_v512", {"final_step": 1000, "train": {"mean_tokens_per_step": 16_000.0}})
+    per_prompt = [{"id": i, "mean_acceptance_length": 3.0, "verify_steps": 10} for i in range(4)]
+    for side in ("ours", "spec"):
+        for step in (500, 1000):
+            path = b.point_file(512, side, step)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"step": step, "evaluator": b.evaluator(), "mean_acceptance_length": 3.0,
+                                        "per_prompt": per_prompt}))
+    curves = b.curves()[512]
+    assert [p["seconds"] for p in curves["eagle3ctl"]] == [20.0, 40.0]
+    assert [p["seconds"] for p in curves["speculators"]] == [None, None]
+    b.step_plot()
+    assert int.from_bytes((tmp_path / "out" / "acceptance_vs_steps.png").read_bytes()[16:20], "big") == 1440
+
+
 def test_a_call_without_speculators_steps_does_not_probe_for_speculators(tmp_path, monkeypatch):
     """The probe imports speculators in a subprocess (~8 s here, more on a fresh GPU machine): a sweep call
     (ours and the curve) must not spend its budget on it; a call with a speculators step still probes."""

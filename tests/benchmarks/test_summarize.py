@@ -112,6 +112,10 @@ def test_the_curves_plot_is_a_png(tmp_path):
     curves = {16384: {"eagle3ctl": points, "speculators": points[:2]}, 64000: {"eagle3ctl": points[:1]}}
     path = plot.plot_curves(curves, tmp_path / "curves.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    assert int.from_bytes(path.read_bytes()[16:20], "big") == 840  # one panel: steps (7 in at 120 dpi)
+    timed = [{**p, "seconds": p["step"] / 25} for p in points]  # a side whose steady rate is known
+    two = plot.plot_curves({16384: {"eagle3ctl": timed, "speculators, 300-step schedule": points}}, tmp_path / "two.png")
+    assert int.from_bytes(two.read_bytes()[16:20], "big") == 1440  # and beside it, against training seconds
 
 
 def test_a_side_trained_but_not_evaluated_keeps_its_training_numbers():
