@@ -30,7 +30,9 @@
 # 512 + 443 s, then ~90 s for the two final points), ~1,030 s warm (nineteenth: call 1 545 device s with the start,
 # the race with --checkpoint-every 500 484 device s); at 500 steps a side (pass --train-steps 500
 # --checkpoint-every 500) ~900 s warm. Below ~900 s stop asking (a race cut before its curve reports nothing), and
-# ask each call for all that is left.
+# ask each call for all that is left. Cold in a new checkout (twentieth session): call 1 556 device s with the start,
+# and the race at equal training seconds (--ours-train-steps 3000: ours 3,000 steps, speculators 1,000) 545 for 4 of
+# its 5 points; a speculators side retrained at --train-steps 300 with its curve ~212.
 # A typical session (fourteenth, 2026-12-06, H100, cold cache; FLAGS, R and the sweep's settings as written there):
 #   1. quality 575 target,spec_warm,prep,spec_data $FLAGS                      ~490-560 s (a cold cache may cut extract)
 #   2. quality 560 prep,spec_data,ours_v32768,spec_v32768,curve,plot $FLAGS $R   ~410 s: the race
