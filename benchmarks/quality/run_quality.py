@@ -613,7 +613,7 @@ class Bench:
                 name = SIDES[side]
                 trained = self.done(f"{side}_v{vocab}") or {}
                 total = steady_train_seconds(trained)
-                per_step = total / trained["final_step"] if total else None
+                per_step = total / trained["final_step"] if total and trained.get("final_step") else None
                 points = []
                 for p in sorted((self.work / "curve" / f"{side}-v{vocab}").glob("step-*.json")):
                     rep = self.point(vocab, side, int(p.stem.removeprefix("step-")))

@@ -165,10 +165,11 @@ def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = No
     elif all(evaluated.get(n) for n in ("eagle3ctl", theirs)):
         out["acceptance_ratio"] = acceptance_ratio_ci(ours["final"], spec["final"]) or refused(["shared prompts"])
         counts = {n: recipes[n]["train_steps"] for n in ("eagle3ctl", theirs)}
-        if isinstance(out["acceptance_ratio"], dict) and len(set(counts.values())) > 1:
+        if isinstance(out["acceptance_ratio"], dict) and None not in counts.values() and len(set(counts.values())) > 1:
             out["acceptance_ratio"]["unequal_steps"] = (
-                f"{', '.join(f'{n} {c} steps' for n, c in counts.items())}: a race at equal training seconds, "
-                "not the race at equal steps and tokens the acceptance goal is set for")
+                f"{', '.join(f'{n} {c} steps' for n, c in counts.items())}: a race at equal training seconds where "
+                "each side's steady_train_seconds agree, not the race at equal steps and tokens the acceptance goal "
+                "is set for")
     else:
         out["acceptance_ratio"] = refused([n for n in ("eagle3ctl", theirs) if not evaluated.get(n)])
     ot, st = trained.get("eagle3ctl", {}), trained.get(theirs, {})

@@ -103,6 +103,8 @@ def test_a_race_at_unequal_steps_says_so_beside_its_ratio_and_ours_must_reach_it
     both = summarize.summarize(None, {512: {"ours": ours, "spec": spec}}, {},
                                {"train_steps": 1000, "ours_train_steps": 3000})["headline"]["by_draft_vocab"]["512"]
     assert "unequal_steps" in both["acceptance_ratio"]
+    unknown = summarize.variant_summary({**ours, "train_steps": None}, spec, steps=1000, ours_steps=3000)
+    assert "unequal_steps" not in unknown["acceptance_ratio"]  # saved before ours' steps were kept: not known to differ
 
 
 def test_the_curves_plot_is_a_png(tmp_path):
