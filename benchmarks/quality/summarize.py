@@ -26,8 +26,11 @@ RECIPE_DEFAULTS: dict[str, Any] = {"train_steps": None, "ttt_decay": 0.8, "optim
                                    "loss_fn": "kl_div"}
 # What a curve point's number depends on besides the drafter; a point saved before it was kept was decoded so.
 EVALUATOR_DEFAULTS: dict[str, Any] = {"eval_prompts": 64, "eval_new_tokens": 96, "draft_tokens": 7}
-SHARED = ("train_steps", "ttt_decay", "optimizer", "lr")  # what both systems train with; then each its own key
-MATCHED = ("ttt_decay", "optimizer", "lr")  # train_steps: a side short of the race's steps counts as missing
+# the keys both systems' recipes have (train_steps may differ: ours' --ours-train-steps); then each its own key
+SHARED = ("train_steps", "ttt_decay", "optimizer", "lr")
+# what both must share for an acceptance ratio; train_steps: a side short of its steps counts as missing, and sides
+# trained for different steps get their ratio labelled ("unequal_steps")
+MATCHED = ("ttt_decay", "optimizer", "lr")
 # ours' own settings (the train stage's): the teacher, the draft head trained or frozen, where the cosine ends, the
 # peak lr of Muon's AdamW group (the head and norms; None: --lr)
 OURS_OWN = ("teacher_temperature", "lm_head", "min_lr_ratio", "adamw_lr")
@@ -146,10 +149,10 @@ def variant_summary(ours: dict | None, spec: dict | None, steps: int | None = No
     sides = (("eagle3ctl", ours), (theirs, spec))
     recipes = {name: recipe(side, name == "eagle3ctl") for name, side in sides if side}
     for name, side in sides:
+        need = (ours_steps or steps) if name == "eagle3ctl" else steps  # the steps this side must have trained
         if not side:
             out[name] = refused([name])
-        elif (need := (ours_steps or steps) if name == "eagle3ctl" else steps) is not None \
-                and (side.get("final_step") or 0) < need:
+        elif need is not None and (side.get("final_step") or 0) < need:
             out[name] = refused([f"{name} (trained {side.get('final_step') or 0} of {need} steps)"])
         else:
             trained[name] = side.get("train") or {}
