@@ -305,7 +305,7 @@ def ours_finished(report: str | Path) -> bool:
     """Whether a race report says ours trained (or was kept) and its curve points were all evaluated: what a
     sweep setting needs to be kept (a skipped or cut one leaves the previous setting's result in place)."""
     status = json.loads(Path(report).read_text())["status"]
-    return all(v.startswith("done") for k, v in status.items() if k.startswith("ours_v") or k == "curve")
+    return all(v.startswith((DONE_IN, DONE_EARLIER)) for k, v in status.items() if k.startswith("ours_v") or k == "curve")
 
 
 def ours_of_this_recipe(report: str | Path) -> bool:
