@@ -14,7 +14,7 @@
 # target_meta.json, the inductor cache as inductor.tgz.part-* when the call compiled new graphs (put those in
 # .inductor/, replacing what is there, and carry [".whl", ".inductor"] to start a later machine warm), and, while
 # fewer than the 8 files a call brings back are there, curve_points.tgz: every evaluated point's per-prompt rows
-# (the race's and each kept sweep setting's), for `python benchmarks/quality/summarize.py paired A.json B.json`.
+# (the race's and each sweep setting's), for `python benchmarks/quality/summarize.py paired A.json B.json`.
 #
 # Issue 21, one session (1,800 s of device time; the machine is usually an H100 even when an H200 is named): three or
 # four calls back to back on one warm machine, each carrying [".whl", ".inductor"]. Whenever a call brings back
@@ -67,72 +67,45 @@ if [ "$mode" = quality ]; then
   rm -f "$OUT/quality_race.json"  # an earlier mode's report in this call must not speak for this run
   python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" --budget-s "$(( $(left) - 15 ))" --steps "$steps" "$@" \
     2>&1 | tee -a "$log"
-  # ours is the race's again once this run's report says its result is of this run's recipe (trained now, or earlier
-  # at it); a setting's result of another recipe, kept without --retrain, or one this run did not reach, stays marked
-  [ -f "$OUT/quality_race.json" ] && python3 benchmarks/quality/summarize.py ours-of-this-recipe "$OUT/quality_race.json" \
-    && rm -f "$OURS_IS_SETTING"
   cp "$E3Q/target_meta.json" "$OUT/" 2>/dev/null
   inductor_back
   points_back
 elif [ "$mode" = sweep ]; then
   # Ours' optimizer and lr (and any of ours' own run_quality flags) on the target call 1 made (ours_v*,curve per
-  # setting, the final point alone), and speculators raced against a kept one:
+  # setting, the final point alone), and speculators raced against a finished one:
   #   sweep BUDGET_S "adamw:5e-4 muon:2e-3:lm-head=target-frozen race:muon:2e-3:lm-head=target-frozen" FLAGS
   # A setting is optimizer:lr, then flag=value pieces passed as --flag value; its name joins them with _ (= as -):
-  # muon_2e-3_lm-head-target-frozen. Each setting's training and final point are kept in /tmp/e3q/sweep/<name> and
-  # its summary in $OUT/sweep_<name>.json; a setting kept already is not trained again. While ours is a setting's
-  # training that no race names (after a setting or restore:), its points in curve/ stay out of curve_points.tgz.
-  # restore:<name> puts one back as ours' result. race:<setting> puts a kept setting back and races speculators'
-  # kl_div side (spec) against it at the setting's optimizer, lr and ours' flags (a speculators training of another
-  # recipe is trained again), evaluates every curve point and plots: $OUT/race_<name>.json and race_<name>.png.
+  # muon_2e-3_lm-head-target-frozen. Each setting trains in a folder and runs of its own (run_quality --setting:
+  # /tmp/e3q/sweep/<name>, runs q-vV-<hash>), so nothing of the race's is retrained or replaced; its summary comes
+  # back as $OUT/sweep_<name>.json. A setting whose training and final point finished is marked so (finished.json
+  # in its folder) and not run again; a cut one resumes in its folder on the next call.
+  # race:<setting> races speculators' kl_div side (spec) against a finished setting, in the setting's folder, at its
+  # optimizer, lr and ours' flags, evaluates every curve point and plots: $OUT/race_<name>.json and race_<name>.png.
   settings=$3
   shift 3
   flags=("$@")  # the race's flags, every setting's before its own
   race_run=(spec_data,spec,curve,plot --retrain)              # race:'s steps, then what follows the setting's flags
-  setting_run=(ours,curve --checkpoint-every 1000 --retrain)  # a setting's: its training and final point, anew
-  kept_dirs="snapshots curve recipes results"  # what a setting keeps of ours' training; results/ last: its done marker
+  setting_run=(ours,curve --checkpoint-every 1000 --retrain)  # a setting's: its training and final point
   setting() {  # opt, lr, extra (ours' flags) and name of the setting opt:lr[:flag=value...]; 1 if malformed
     IFS=: read -ra pieces <<< "$1"
     opt=${pieces[0]}; lr=${pieces[1]}; name=${opt}_$lr; extra=()
-    # a kept name (muon_2e-3_...) where a setting belongs parsed as an optimizer with no lr: refused, not skipped
+    # a setting's name (muon_2e-3_...) where a setting belongs parsed as an optimizer with no lr: refused, not skipped
     # (the form only: what an optimizer, lr or flag may be is run_quality's to say, in check() below)
     if [[ ! $opt =~ ^[a-z]+$ || ! $lr =~ ^[0-9.]+(e-?[0-9]+)?$ ]]; then
-      echo "sweep: $1 is not OPTIMIZER:LR[:flag=value...] (race: takes the setting; restore: the kept name)" \
-        | tee -a "$log"; return 1
+      echo "sweep: $1 is not OPTIMIZER:LR[:flag=value...] (race: takes the setting, not its name)" | tee -a "$log"
+      return 1
     fi
     for kv in "${pieces[@]:2}"; do
       [[ $kv == *=* ]] || { echo "sweep: $kv in $1 is not flag=value" | tee -a "$log"; return 1; }
       extra+=("--${kv%%=*}" "${kv#*=}"); name=${name}_${kv//=/-}
     done
   }
-  restore() {  # the kept setting $1 as ours' result again; the done marker goes first and comes back last, so a
-    # kill or a failed copy midway leaves ours untrained, not half restored
-    local st=$E3Q/sweep/$1 d
-    [ -d "$st" ] || { echo "sweep: nothing kept as $1" | tee -a "$log"; return 1; }
-    echo "$1" >"$OURS_IS_SETTING"  # before the first copy: a half restore's points in curve/ are no race's either
-    rm -rf "$E3Q/results"/ours[-_]v*
-    for d in $kept_dirs; do
-      rm -rf "$E3Q/$d"/ours[-_]v*
-      mkdir -p "$E3Q/$d" && cp -a "$st/$d/." "$E3Q/$d/" || { echo "sweep: restoring $1 failed at $d/" | tee -a "$log"; return 1; }
-    done
-    echo "sweep: ours is the $1 training again" | tee -a "$log"
-  }
-  keep() {  # ours' training as the kept setting $1: copied whole, then named, so a kill or a failed copy (a full
-    # disk) mid-way leaves no half setting for restore: and race: to trust
-    local st=$E3Q/sweep/$1 d
-    rm -rf "$st.part"
-    for d in $kept_dirs; do
-      mkdir -p "$st.part/$d" && cp -a "$E3Q/$d"/ours[-_]v* "$st.part/$d/" \
-        || { rm -rf "$st.part"; echo "sweep: keeping $1 failed at $d/: not kept" | tee -a "$log"; return 1; }
-    done
-    mv "$st.part" "$st" \
-      || { rm -rf "$st.part"; echo "sweep: keeping $1 failed at the rename: not kept" | tee -a "$log"; return 1; }
-  }
-  harness() {  # run_quality at the setting in $opt, $lr, $extra: $1 the budget (empty: none), $2 the steps, then the rest
+  harness() {  # run_quality at the setting in $opt, $lr, $extra, $name: $1 the budget (empty: none), $2 the steps,
+    # then the rest
     local budget=$1 steps=$2
     shift 2
     python3 benchmarks/quality/run_quality.py --work "$E3Q" --out "$OUT" ${budget:+--budget-s "$budget"} --steps "$steps" \
-      "${flags[@]}" --optimizer "$opt" --lr "$lr" "${extra[@]}" "$@"
+      "${flags[@]}" --optimizer "$opt" --lr "$lr" "${extra[@]}" --setting "$name" "$@"
   }
   check() {  # setting $1 run as ${@:2} would run it, read by run_quality (the optimizer's choices, the train stage's
     # bounds, no flag it lacks) and nothing run: one line that quotes run_quality's and 1 if refused
@@ -141,42 +114,33 @@ elif [ "$mode" = sweep ]; then
   }
   for s in $settings; do  # every setting checked before any trains: a typo in the last must not end a sweep midway
     case $s in
-      restore:*) ;;
       race:*) setting "${s#race:}" && check "${s#race:}" "${race_run[@]}" || exit 1 ;;
       *) setting "$s" && check "$s" "${setting_run[@]}" || exit 1 ;;
     esac
   done
   for s in $settings; do
-    if [[ $s == restore:* ]]; then restore "${s#restore:}" || exit 1; continue; fi
+    setting "${s#race:}"
+    finished=$E3Q/sweep/$name/finished.json  # the setting's report when its training and final point finished
     if [[ $s == race:* ]]; then
-      setting "${s#race:}"
-      if [ ! -d "$E3Q/sweep/$name" ]; then echo "sweep: $name not kept: no race against it" | tee -a "$log"; continue; fi
+      if [ ! -f "$finished" ]; then echo "sweep: $name not finished: no race against it" | tee -a "$log"; continue; fi
       if [ "$(left)" -lt 160 ]; then echo "sweep: $(left) s left; race:$name next call" | tee -a "$log"; break; fi
-      restore "$name" || exit 1
       rm -f "$OUT/quality_race.json" "$OUT/acceptance_vs_steps.png"  # an earlier report must not speak for this race
       harness "$(( $(left) - 15 ))" "${race_run[@]}" 2>&1 | tee -a "$log"
-      # ours' points in curve/ are this race's once its report names them (race_$name.json); a race that wrote none
-      # leaves ours the setting's, its points out of curve_points.tgz
-      [ -f "$OUT/quality_race.json" ] && rm -f "$OURS_IS_SETTING" && mv "$OUT/quality_race.json" "$OUT/race_$name.json"
+      [ -f "$OUT/quality_race.json" ] && mv "$OUT/quality_race.json" "$OUT/race_$name.json"
       [ -f "$OUT/acceptance_vs_steps.png" ] && mv "$OUT/acceptance_vs_steps.png" "$OUT/race_$name.png"
       echo "sweep: speculators raced against $name: race_$name.json" | tee -a "$log"
       continue
     fi
-    setting "$s"
-    st=$E3Q/sweep/$name
-    if [ -d "$st" ]; then echo "sweep: $name kept earlier" | tee -a "$log"; continue; fi
+    if [ -f "$finished" ]; then echo "sweep: $name finished earlier" | tee -a "$log"; continue; fi
     if [ "$(left)" -lt 160 ]; then echo "sweep: $(left) s left; $name next call" | tee -a "$log"; break; fi
-    # --retrain: the previous setting's training is trained again; one of this setting whose final point a
-    # deadline cut is kept and evaluated
     rm -f "$OUT/quality_race.json"  # the previous setting's report must not speak for this one
-    echo "$name" >"$OURS_IS_SETTING"  # before it trains: a cut training is not the race's either
     harness "$(( $(left) - 15 ))" "${setting_run[@]}" 2>&1 | tee -a "$log"
-    # kept only when this call's report says ours trained (or was kept) and its final point was evaluated: a
-    # skipped or cut retraining leaves the previous setting's result in place, not this one's
+    # finished only when this call's report says ours trained (or had) and its final point was evaluated; written
+    # whole (a copy, then a rename), so a kill mid-write leaves no mark of a setting that is not all there
     if [ -f "$OUT/quality_race.json" ] && python3 benchmarks/quality/summarize.py ours-finished "$OUT/quality_race.json" \
-        && keep "$name"; then
-      cp "$OUT/quality_race.json" "$OUT/sweep_$name.json"
-      echo "sweep: $name kept" | tee -a "$log"
+        && cp "$OUT/quality_race.json" "$finished.part" && mv "$finished.part" "$finished"; then
+      mv "$OUT/quality_race.json" "$OUT/sweep_$name.json"
+      echo "sweep: $name finished" | tee -a "$log"
     fi
   done
   points_back  # the sweep's purpose first: the cache comes back from a later call if no room is left here

@@ -12,7 +12,6 @@ CARRIED=${CARRIED:-.inductor}
 PIECE_BYTES=${PIECE_BYTES:-$((15 * 1024 * 1024))}  # a test sets smaller pieces
 MAX_PIECES=3
 MAX_FILES=8
-OURS_IS_SETTING=$E3Q/ours_is_setting  # names the sweep setting whose training ours is, while it is one (points_back)
 
 inductor_unpack() {  # the carried pieces into $E3Q/inductor, once per machine; how many files they held
   [ ! -d "$E3Q/inductor" ] || return 0
@@ -54,22 +53,15 @@ inductor_back() {  # the whole cache into $OUT when it holds more files than the
   rm -f "$tgz"
 }
 
-points_back() {  # every evaluated point's per-prompt rows, the race's and each kept sweep setting's, as one file
-  # (a call brings back 8 files at most), for `summarize.py paired` here: two settings' paired ratio
-  local dirs=() d setting
-  # a sweep setting trains ours in place (device_call.sh writes its name into $OURS_IS_SETTING): curve/ours-* then
-  # holds that setting's points, not the race's, and would come back under the race's name; they come back under
-  # sweep/<name>/ only (the eighteenth session's call 3 sent its T 0.03 point as curve/ours-v32768)
-  setting=$(cat "$OURS_IS_SETTING" 2>/dev/null)
+points_back() {  # every evaluated point's per-prompt rows, the race's and each sweep setting's (run_quality --setting
+  # keeps them in sweep/<name>/curve/), as one file (a call brings back 8 files at most), for `summarize.py paired`
+  # here: two settings' paired ratio
+  local dirs=() d
   for d in "$E3Q"/curve/* "$E3Q"/sweep/*/curve; do
-    [ -d "$d" ] && [[ "$d" != *.part/curve ]] || continue
-    [[ -n $setting && $d == "$E3Q"/curve/ours[-_]* ]] && continue
-    dirs+=("${d#"$E3Q"/}")
+    [ -d "$d" ] && dirs+=("${d#"$E3Q"/}")
   done
   # an earlier send in this call is replaced, so it takes no room of its own
   [ "${#dirs[@]}" -gt 0 ] && [ "$(find "$OUT" -mindepth 1 -maxdepth 1 ! -name curve_points.tgz | wc -l)" -lt "$MAX_FILES" ] \
     || return 0
-  [ -z "$setting" ] || echo "curve points: ours in curve/ is the sweep's $setting training, not the race's:" \
-    "left out (a kept setting's points are under sweep/)" | tee -a "$log"
   tar -C "$E3Q" -czf "$OUT/curve_points.tgz" "${dirs[@]}"
 }

@@ -23,15 +23,23 @@ training cut by the deadline resumes from its newest checkpoint on the next call
 6. ``plot``       acceptance vs steps (one PNG) and the summary (summarize.py): acceptance with
    95 % intervals, ratios only where both sides finished.
 
+``--setting NAME`` (device_call.sh's sweep) trains the sides in a folder of their own, ``--work``/sweep/NAME,
+and in runs of their own (``q-vV-<8 hex of NAME>``, adopting the race's generate and extract by
+``--reuse-from``): their results, checkpoints, curve points and summary live there, while the target, the
+race's data and speculators' copy of it are read from ``--work``. A setting never retrains, replaces or
+evaluates anything of the race's own, in its folder or in the store.
+
 Every step checks the time left (``--budget-s``) and runs its commands under that deadline.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -59,6 +67,7 @@ FIXED_STEPS = ("target", "spec_warm", "prep", "spec_data")
 SIDES = {"ours": "eagle3ctl", "spec": "speculators", "specce": "speculators (ce loss)"}
 SPEC_LOSS = {"spec": "kl_div", "specce": "ce"}  # speculators' --loss-fn per side (kl_div: its EAGLE-3 default)
 DEFAULT_SIDES = ("ours", "spec")
+SETTING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,119}$")  # a folder name under sweep/, never a path
 
 
 def race_steps(vocabs: list[int], sides: tuple[str, ...] = DEFAULT_SIDES) -> list[str]:
@@ -97,7 +106,11 @@ def select_steps(text: str, vocabs: list[int], sides: tuple[str, ...] = DEFAULT_
 class Bench:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a, self.work, self.out = a, a.work.resolve(), a.out.resolve()
+        # the sides' own state: their results, recipes, checkpoints, curve points, exports and summary (the race's,
+        # or a sweep setting's); the target and the data come from self.work
+        self.own = self.work / "sweep" / a.setting if a.setting else self.work
         self.deadline = time.monotonic() + a.budget_s
+        (self.own / "results").mkdir(parents=True, exist_ok=True)
         (self.work / "results").mkdir(parents=True, exist_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
         self.store = self.work / "store"
@@ -135,12 +148,16 @@ class Bench:
                 p.wait()
             return 124
 
+    def result_file(self, step: str) -> Path:
+        """Where a step's result is: the target's and the data's in --work, the sides' and their curve's in self.own."""
+        return (self.work if step in FIXED_STEPS else self.own) / "results" / f"{step}.json"
+
     def done(self, step: str) -> dict | None:
-        p = self.work / "results" / f"{step}.json"
+        p = self.result_file(step)
         return json.loads(p.read_text()) if p.exists() else None
 
     def save(self, step: str, result: dict) -> dict:
-        write_json(self.work / "results" / f"{step}.json", result)
+        write_json(self.result_file(step), result)
         return result
 
     def objects(self):
@@ -168,12 +185,21 @@ class Bench:
 
     # -- configs ----------------------------------------------------------------------
 
-    def run_id(self, vocab: int) -> str:
-        return f"q-v{vocab}"
+    @property
+    def prep_run(self) -> str:
+        """The race's first run, which generates the samples and extracts their hidden states (prep)."""
+        return f"q-v{self.a.vocabs[0]}"
 
-    def config(self, vocab: int) -> Path:
+    def run_id(self, vocab: int) -> str:
+        """The run whose train stage trains ours at draft vocab ``vocab``: q-vV, or for a setting q-vV-<8 hex of its
+        name> (a run id is a label: no '_' or '.', at most 42 characters)."""
+        if not self.a.setting:
+            return f"q-v{vocab}"
+        return f"q-v{vocab}-{hashlib.sha256(self.a.setting.encode()).hexdigest()[:8]}"
+
+    def config(self, vocab: int, run: str | None = None) -> Path:
         a, tiny = self.a, self.a.tiny
-        run = self.run_id(vocab)
+        run = run or self.run_id(vocab)
         cfg = {
             "run_id": run,
             "backend": "local",
@@ -204,15 +230,16 @@ class Bench:
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         return path
 
-    def pipeline(self, vocab: int, *until: str, need_server: bool = False) -> int:
-        """Run q-vV's pipeline up to the ``until`` stages, in one ``eagle3ctl`` call (each cost 12-18 s of start-up
-        on the device machine before the preflight stopped importing torch). The other vocabs' runs adopt the
-        first run's generate and extract with ``--reuse-from`` (copied as hard links, verified, committed as
-        their own): only vocab and train run."""
-        cmd = [self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(self.config(vocab))]
+    def pipeline(self, vocab: int, *until: str, need_server: bool = False, run: str | None = None) -> int:
+        """Run ``run``'s pipeline (default the run training ``vocab``) up to the ``until`` stages, in one
+        ``eagle3ctl`` call (each cost 12-18 s of start-up on the device machine before the preflight stopped
+        importing torch). Every run but prep's adopts its generate and extract with ``--reuse-from`` (copied as
+        hard links, verified, committed as its own): only vocab and train run."""
+        run = run or self.run_id(vocab)
+        cmd = [self.py, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(self.config(vocab, run))]
         cmd += [arg for stage in until for arg in ("--until", stage)]
-        if vocab != self.a.vocabs[0]:
-            cmd += ["--reuse-from", self.run_id(self.a.vocabs[0])]
+        if run != self.prep_run:
+            cmd += ["--reuse-from", self.prep_run]
         server = self.start_server() if need_server else None
         try:
             return self.sh(cmd, reserve_s=15, env=self.inductor_env())
@@ -377,19 +404,19 @@ class Bench:
 
     def step_prep(self) -> dict:
         """The first vocab's run up to its hidden states: generate (the stand-in server runs only for it), vocab, extract."""
-        first = self.a.vocabs[0]
-        if not self.committed(self.run_id(first), "generate") and self.pipeline(first, "generate", need_server=True) != 0:
+        first, run = self.a.vocabs[0], self.prep_run
+        if not self.committed(run, "generate") and self.pipeline(first, "generate", need_server=True, run=run) != 0:
             raise StepFailed("generate failed or was cut by the deadline (rerun: it resumes)")
-        if self.pipeline(first, "vocab", "extract") != 0:  # siblings in the DAG: both named
+        if self.pipeline(first, "vocab", "extract", run=run) != 0:  # siblings in the DAG: both named
             raise StepFailed("vocab or extract failed or was cut by the deadline (rerun: it resumes)")
-        return {st: self.committed(self.run_id(first), st) for st in ("generate", "vocab", "extract")}
+        return {st: self.committed(run, st) for st in ("generate", "vocab", "extract")}
 
     def aux_ids(self) -> list[str]:
-        index = json.loads(self.committed(self.run_id(self.a.vocabs[0]), "extract", "index.json").read_text())
+        index = json.loads(self.committed(self.prep_run, "extract", "index.json").read_text())
         return [str(i) for i in index["aux_layer_ids"]]
 
     def step_spec_data(self) -> dict:
-        first = self.run_id(self.a.vocabs[0])
+        first = self.prep_run
         data = self.work / "spec_data"
         t0 = time.monotonic()
         if not (data / "dataset_info.json").exists() or not (data / "hidden_states").exists():
@@ -403,19 +430,19 @@ class Bench:
         return {"data": str(data), "seconds": round(time.monotonic() - t0, 1)}
 
     def snapshots(self, side: str, vocab: int) -> Path:
-        return self.work / "snapshots" / f"{side}-v{vocab}"
+        return self.own / "snapshots" / f"{side}-v{vocab}"
 
     def begin_training(self, side: str, vocab: int) -> None:
         """A side's training of this call's recipe starts or resumes. What a training of another recipe left
         (its snapshots and curve points, which a point already there is not evaluated again for, and
         speculators' checkpoints, which it would resume from and stop at once) goes first: none of it is
         this training's. The recipe is stamped before anything trains, so a cut training resumes."""
-        stamp, recipe = self.work / "recipes" / f"{side}-v{vocab}.json", self.recipe(side)
+        stamp, recipe = self.own / "recipes" / f"{side}-v{vocab}.json", self.recipe(side)
         stamped = json.loads(stamp.read_text()) if stamp.exists() else recipe
         if stamped != recipe:
-            left = [self.snapshots(side, vocab), self.work / "curve" / f"{side}-v{vocab}"]
+            left = [self.snapshots(side, vocab), self.own / "curve" / f"{side}-v{vocab}"]
             if side != "ours":
-                left.append(self.work / f"{side}_ckpt_v{vocab}")
+                left.append(self.own / f"{side}_ckpt_v{vocab}")
             for path in left:
                 shutil.rmtree(path, ignore_errors=True)
             self.log(f"{side} draft vocab {vocab}: retraining; removed what the {stamped} training left")
@@ -478,18 +505,18 @@ class Bench:
         if self.pipeline(vocab, "vocab") != 0:  # the same draft vocab as ours
             raise StepFailed(f"{run} vocab failed")
         self.begin_training(side, vocab)
-        data, save = self.work / "spec_data", self.work / f"{side}_ckpt_v{vocab}"
+        data, save = self.work / "spec_data", self.own / f"{side}_ckpt_v{vocab}"
         write_vocab(*load_vocab_mapping(self.committed(run, "vocab", "vocab_mapping.safetensors")), data)
         # speculators counts checkpoints in shares of an epoch and runs every epoch asked for (one step and a
         # validation each past --max-steps): epochs from an estimate of its steps per epoch that packing
         # waste only makes larger, so --max-steps stops it inside the last epoch
-        tokens = self.committed(self.run_id(self.a.vocabs[0]), "extract").get("tokens") or 0
+        tokens = self.committed(self.prep_run, "extract").get("tokens") or 0
         per_epoch = max(1, int(0.98 * tokens) // self.a.batch_tokens)  # its --train-data-ratio 0.98
         epochs = -(-self.a.train_steps // per_epoch)
         freq = min(1.0, self.a.checkpoint_every / per_epoch)
         extra = ("--max-steps", str(self.a.train_steps), "--checkpoint-freq", f"{freq:.4f}")
-        out_json = self.work / f"{side}_train_v{vocab}.json"
-        cmd = self.spec_train_cmd(data, save, self.work / f"{side}_export_v{vocab}", out_json, self.aux_ids(), extra,
+        out_json = self.own / f"{side}_train_v{vocab}.json"
+        cmd = self.spec_train_cmd(data, save, self.own / f"{side}_export_v{vocab}", out_json, self.aux_ids(), extra,
                                   vocab=vocab, epochs=epochs, loss_fn=SPEC_LOSS[side])
         with Snapshots(lambda: spec_checkpoints(save), self.snapshots(side, vocab)):
             rc = self.sh(cmd, reserve_s=30, env=self.inductor_env())
@@ -544,7 +571,7 @@ class Bench:
         return finals + sorted(rest, key=lambda p: (self.a.vocabs.index(p[0]), p[2], p[1]))
 
     def point_file(self, vocab: int, side: str, step: int) -> Path:
-        return self.work / "curve" / f"{side}-v{vocab}" / f"step-{step:07d}.json"
+        return self.own / "curve" / f"{side}-v{vocab}" / f"step-{step:07d}.json"
 
     def evaluator(self) -> dict:
         """What a curve point's number depends on besides the drafter: the evaluator's settings."""
@@ -574,7 +601,7 @@ class Bench:
             if evaluated and self.left() < self.curve_need(0):  # this call's points have recorded their time
                 raise StepFailed(f"deadline: {evaluated} points evaluated in this call, the rest next call")
             t0 = time.monotonic()
-            export = self.work / "exports" / f"{side}-v{vocab}" / snap.name
+            export = self.own / "exports" / f"{side}-v{vocab}" / snap.name
             if side == "ours":
                 ours = self.snapshots("ours", vocab)
                 export_our_checkpoint(snap, json.loads((ours / "drafter_config.json").read_text()),
@@ -598,7 +625,8 @@ class Bench:
         target's load and the decode: 26-38 s at 128 prompts on an H100 with the inductor cache carried), or
         ``default`` before any point recorded its time. One rule for the curve step's start and each point after
         it; a flat 75 s to start skipped a final point with 45 s left."""
-        took = [json.loads(p.read_text()).get("seconds") for p in (self.work / "curve").glob("*/step-*.json")]
+        took = [json.loads(p.read_text()).get("seconds")
+                for p in (*self.work.glob("curve/*/step-*.json"), *self.work.glob("sweep/*/curve/*/step-*.json"))]
         took = [t for t in took if isinstance(t, (int, float))]
         return math.ceil(max(took)) + 5 if took else default
 
@@ -615,7 +643,7 @@ class Bench:
                 total = steady_train_seconds(trained)
                 per_step = total / trained["final_step"] if total and trained.get("final_step") else None
                 points = []
-                for p in sorted((self.work / "curve" / f"{side}-v{vocab}").glob("step-*.json")):
+                for p in sorted((self.own / "curve" / f"{side}-v{vocab}").glob("step-*.json")):
                     rep = self.point(vocab, side, int(p.stem.removeprefix("step-")))
                     if rep is None:
                         continue
@@ -717,6 +745,7 @@ class Bench:
         summary = summarize(self.done("target"), self.sides(), status, vars(self.a), SIDES)
         summary["curves"] = self.curves()  # the plot's points ($OUT brings back few files)
         write_json(self.out / "quality_race.json", summary)
+        write_json(self.own / "quality_race.json", summary)  # beside the sides it speaks for ($OUT is the call's)
         return summary
 
 
@@ -781,10 +810,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-batch", type=int, default=64, help="evaluate: prompts decoded in lockstep per process "
                     "(all of them by default: one batch per curve point)")
     ap.add_argument("--serve-batch", type=int, default=2048, help="stand-in server batch = generate's concurrency")
+    ap.add_argument("--setting", default=None, help="a sweep setting's name: its sides train, and their points and "
+                    "summary go, under --work/sweep/NAME, in runs of their own that adopt the race's samples and hidden "
+                    "states; nothing of the race's own is touched")
     ap.add_argument("--check", action="store_true", help="check every flag and the steps named, then exit: "
                     "nothing runs (a sweep checks all its settings so before the first trains)")
     a = ap.parse_args(argv)
     a.sides = tuple(s for s in a.sides.split(",") if s)
+    if a.setting is not None and not SETTING_NAME.match(a.setting):
+        raise SystemExit(f"--setting {a.setting!r}: letters, digits, '.', '_' and '-', starting with a letter or "
+                         "digit, at most 120 characters (it names a folder)")
     if a.sides[:1] != ("ours",) or not set(a.sides) <= set(SIDES) or len(set(a.sides)) != len(a.sides):
         raise SystemExit(f"--sides: ours first, then any of {', '.join(s for s in SIDES if s != 'ours')}, each once")
     try:  # the train stage's own bounds: ours' flags become its settings

@@ -302,19 +302,13 @@ def _plot_settings(table: dict[str, Any], path: Path) -> None:
 
 
 def ours_finished(report: str | Path) -> bool:
-    """Whether a race report says ours trained (or was kept) and its curve points were all evaluated: what a
-    sweep setting needs to be kept (a skipped or cut one leaves the previous setting's result in place)."""
-    status = json.loads(Path(report).read_text())["status"]
-    return all(v.startswith((DONE_IN, DONE_EARLIER)) for k, v in status.items() if k.startswith("ours_v") or k == "curve")
-
-
-def ours_of_this_recipe(report: str | Path) -> bool:
-    """Whether a race report says ours' result is of the recipe its call asked for at every vocab it ran: trained
-    by the call, or done earlier at that recipe. A result of another recipe kept without --retrain ("done earlier
-    with ..."), or ours not run at all, is not: then ours is still whatever trained it before (a sweep setting)."""
+    """Whether a race report says ours trained at its call's recipe (now, or earlier at that recipe) at every vocab
+    it ran and its curve points were all evaluated: what a sweep setting needs to be marked finished. A result of
+    another recipe kept without --retrain ("done earlier with ..."), a cut training or a skipped point is not."""
     status = json.loads(Path(report).read_text())["status"]
     ours = [v for k, v in status.items() if k.startswith("ours_v")]
-    return bool(ours) and all(v == DONE_EARLIER or v.startswith(DONE_IN) for v in ours)
+    return bool(ours) and all(v == DONE_EARLIER or v.startswith(DONE_IN) for v in ours) \
+        and status.get("curve", "").startswith((DONE_IN, DONE_EARLIER))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -331,14 +325,9 @@ def main(argv: list[str] | None = None) -> None:
     f = sub.add_parser("ours-finished", help="exit 0 when the race report says ours trained and its points are "
                        "evaluated, 1 when not")
     f.add_argument("report", help="a race report (quality_race.json)")
-    r = sub.add_parser("ours-of-this-recipe", help="exit 0 when the race report says ours' result is of its call's "
-                       "recipe (trained by it, or earlier at it), 1 when not")
-    r.add_argument("report", help="a race report (quality_race.json)")
     args = ap.parse_args(argv)
     if args.command == "ours-finished":
         raise SystemExit(0 if ours_finished(args.report) else 1)
-    if args.command == "ours-of-this-recipe":
-        raise SystemExit(0 if ours_of_this_recipe(args.report) else 1)
     if args.command == "settings":
         print(json.dumps(settings(args.base, args.others, args.png), indent=1))
         return

@@ -255,13 +255,8 @@ def test_ours_own_steps_are_its_recipe_so_an_equal_seconds_training_is_never_tak
 def test_retrain_trains_a_saved_training_of_another_recipe_again_and_keeps_one_of_this_recipe(tmp_path, monkeypatch):
     """A sweep of ours' settings on one target: --retrain trains a result saved under other flags again; the
     old result stays until the new one is saved (a cut retraining loses nothing); one of this call's recipe
-    (its final point cut by a deadline) is kept and not trained again. Each report says whether ours is of its
-    call's recipe (summarize.ours_of_this_recipe: what device_call.sh reads before it sends ours' points back as
-    the race's)."""
+    (its final point cut by a deadline) is kept and not trained again."""
     trained = []
-
-    def of_this_recipe() -> bool:
-        return summarize.ours_of_this_recipe(tmp_path / "out" / "quality_race.json")
 
     def train(self, vocab):
         trained.append(vocab)
@@ -274,19 +269,16 @@ def test_retrain_trains_a_saved_training_of_another_recipe_again_and_keeps_one_o
     muon = _bench(tmp_path, optimizer="muon", lr=1e-3)
     status = muon.run(["ours_v32768"])["status"]
     assert trained == [] and status["ours_v32768"].startswith("done earlier with optimizer adamw (now muon)")
-    assert not of_this_recipe()  # kept without --retrain: still the adamw training
     monkeypatch.setattr(run_quality.Bench, "step_ours", lambda self, v: (_ for _ in ()).throw(
         run_quality.StepFailed("deadline")))
     status = _bench(tmp_path, optimizer="muon", lr=1e-3, retrain=True).run(["ours_v32768"])["status"]
-    assert "deadline" in status["ours_v32768"] and not of_this_recipe()
+    assert "deadline" in status["ours_v32768"]
     assert muon.done("ours_v32768")["optimizer"] == "adamw"  # cut: the old result stays, named as before
     monkeypatch.setattr(run_quality.Bench, "step_ours", train)
     status = _bench(tmp_path, optimizer="muon", lr=1e-3, retrain=True).run(["ours_v32768"])["status"]
-    assert trained == [32768] and muon.done("ours_v32768")["optimizer"] == "muon" and of_this_recipe()
+    assert trained == [32768] and muon.done("ours_v32768")["optimizer"] == "muon"
     status = _bench(tmp_path, optimizer="muon", lr=1e-3, retrain=True).run(["ours_v32768"])["status"]
-    assert trained == [32768] and status["ours_v32768"] == "done earlier" and of_this_recipe()
-    _bench(tmp_path, optimizer="muon", lr=1e-3).run(["plot"])
-    assert not of_this_recipe()  # a run that does not name ours says nothing of it
+    assert trained == [32768] and status["ours_v32768"] == "done earlier"
 
 
 def test_a_done_marker_killed_while_written_is_the_old_one_or_the_new_one(tmp_path):
@@ -428,7 +420,7 @@ def test_ours_compiles_into_the_carried_inductor_cache(tmp_path, monkeypatch):
     must compile into it as speculators' trainer does, or every session compiles ours afresh (~40 s)."""
     envs = []
     monkeypatch.setattr(run_quality.Bench, "sh", lambda self, cmd, reserve_s=5.0, env=None: envs.append(env) or 0)
-    monkeypatch.setattr(run_quality.Bench, "config", lambda self, vocab: tmp_path / f"q-v{vocab}.yaml")
+    monkeypatch.setattr(run_quality.Bench, "config", lambda self, vocab, run=None: tmp_path / f"q-v{vocab}.yaml")
     bench = _bench(tmp_path, vocabs=[512])
     assert bench.pipeline(512, "train") == 0
     assert envs == [{"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "work" / "inductor")}]
@@ -481,3 +473,49 @@ def test_each_curve_point_after_the_first_waits_for_the_slowest_recorded_point(t
     with pytest.raises(run_quality.StepFailed, match="deadline: 1 points evaluated"):
         bench.step_curve()
     assert decoded == ["step-0001000"]  # the final first; step 200 (needs ~35 s) waits for the next call
+
+
+def _race_state(work: Path) -> dict[str, str]:
+    """sha256 of every file of the race's own: its results, recipes, snapshots, curve points and committed runs
+    (a store's _verified.json excepted: adopting hard-links the objects, which records their new fingerprints)."""
+    import hashlib
+
+    files = [p for d in ("results", "recipes", "snapshots", "curve", "store/q-v512") for p in (work / d).rglob("*")
+             if p.is_file() and p.name != "_verified.json"]
+    return {str(p.relative_to(work)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+@pytest.mark.slow
+def test_a_sweep_setting_cut_and_resumed_never_touches_the_races_training_points_or_runs(tmp_path):
+    """The real harness on the CPU (tiny target, ours only): the race, then a setting of another lr (as
+    device_call.sh's sweep runs it), first cut by its deadline, then resumed. A setting used to retrain ours in the
+    race's own folder and run, replacing the race's training; now every file of the race's is what it was, the
+    setting trained in sweep/<name>/ and a run of its own, and the race's next call finds its own training done."""
+    work, out = tmp_path / "w", tmp_path / "o"
+    race = [sys.executable, str(REPO / "benchmarks/quality/run_quality.py"), "--work", str(work), "--out", str(out),
+            "--tiny", "--draft-vocabs", "512", "--sides", "ours"]
+    setting = [*race, "--steps", "ours,curve", "--retrain", "--lr", "1e-3", "--setting", "adamw_1e-3"]
+
+    def run(cmd: list[str], budget: int) -> dict:
+        done = subprocess.run([*cmd, "--budget-s", str(budget)], cwd=REPO, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return json.loads((out / "quality_race.json").read_text())["status"]
+
+    status = run(race, 600)
+    assert status["ours_v512"].startswith("done in") and status["curve"].startswith("done in"), status
+    before = _race_state(work)
+    assert any(k.startswith("curve/ours-v512/") for k in before) and any(k.startswith("store/q-v512/train/") for k in before)
+    cut = run(setting, 22)  # the deadline stops it somewhere in its adoption or training
+    assert not cut["ours_v512"].startswith("done"), cut
+    assert _race_state(work) == before
+    status = run(setting, 600)
+    assert status["ours_v512"].startswith("done in") and status["curve"].startswith("done in"), status
+    assert _race_state(work) == before
+    own = work / "sweep" / "adamw_1e-3"
+    assert json.loads((own / "results" / "ours_v512.json").read_text())["lr"] == 1e-3
+    assert json.loads((work / "results" / "ours_v512.json").read_text())["lr"] == 5e-4
+    assert list((own / "curve" / "ours-v512").glob("step-*.json"))
+    assert json.loads((own / "quality_race.json").read_text())["status"] == status
+    runs = {p.name for p in (work / "store").iterdir() if p.is_dir()}
+    assert len(runs) == 2 and "q-v512" in runs  # the setting's run: q-v512-<8 hex of its name>
+    assert run([*race, "--steps", "ours,curve,plot"], 600)["ours_v512"] == "done earlier"
