@@ -27,7 +27,8 @@ training cut by the deadline resumes from its newest checkpoint on the next call
 and in runs of their own (``q-vV-<8 hex of NAME>``, adopting the race's generate and extract by
 ``--reuse-from``): their results, checkpoints, curve points and summary live there, while the target, the
 race's data and speculators' copy of it are read from ``--work``. A setting never retrains, replaces or
-evaluates anything of the race's own, in its folder or in the store.
+evaluates anything of the race's own, in its folder or in the store (where adopting only records the hard links'
+new fingerprints in the race's ``_verified.json``, as ``--reuse-from`` does).
 
 Every step checks the time left (``--budget-s``) and runs its commands under that deadline.
 """

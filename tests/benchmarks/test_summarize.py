@@ -257,3 +257,20 @@ def test_settings_pairs_each_setting_with_the_base_names_it_by_its_folder_and_pl
         summarize.main(["settings", base, better, other])
     assert "\n" not in str(e.value)
     assert summarize.setting_name("/tmp/pts/curve/ours-v512/step-0001000.json") == "pts"  # the race's own point
+
+
+@pytest.mark.parametrize(("status", "finished"), [
+    ({"ours_v512": "done in 80.1s", "curve": "done in 50.2s"}, True),
+    ({"ours_v512": "done earlier", "curve": "done in 1.0s"}, True),  # resumed: the training was of this recipe
+    # a training of another recipe kept without --retrain is not this setting's
+    ({"ours_v512": "done earlier with lr 0.001 (now 0.002) (--retrain trains it again)", "curve": "done in 1.0s"}, False),
+    ({"ours_v512": "failed: train stopped (exit 124)", "curve": "done in 1.0s"}, False),
+    ({"ours_v512": "done in 80.1s", "curve": "skipped: 40s left, needs ~75s"}, False),
+    ({"ours_v512": "done in 80.1s"}, False),  # its point not evaluated in this run
+    ({"curve": "done in 1.0s"}, False),  # a run that did not train ours says nothing of it
+])
+def test_a_setting_is_finished_only_when_ours_trained_at_its_recipe_and_its_point_was_evaluated(tmp_path, status,
+                                                                                                finished):
+    report = tmp_path / "quality_race.json"
+    report.write_text(json.dumps({"status": status}))
+    assert summarize.ours_finished(report) is finished
