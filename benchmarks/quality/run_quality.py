@@ -25,7 +25,7 @@ training cut by the deadline resumes from its newest checkpoint on the next call
 
 ``--setting NAME`` (device_call.sh's sweep) trains the sides in a folder of their own, ``--work``/sweep/NAME,
 and in runs of their own (``q-vV-<8 hex of NAME>``, adopting the race's generate and extract by
-``--reuse-from``): their results, checkpoints, curve points and summary live there, while the target, the
+``--reuse-from``): their results, recipes, checkpoints and curve points live there, while the target, the
 race's data and speculators' copy of it are read from ``--work``. A setting never retrains, replaces or
 evaluates anything of the race's own, in its folder or in the store (where adopting only records the hard links'
 new fingerprints in the race's ``_verified.json``, as ``--reuse-from`` does).
@@ -107,7 +107,7 @@ def select_steps(text: str, vocabs: list[int], sides: tuple[str, ...] = DEFAULT_
 class Bench:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a, self.work, self.out = a, a.work.resolve(), a.out.resolve()
-        # the sides' own state: their results, recipes, checkpoints, curve points, exports and summary (the race's,
+        # the sides' own state: their results, recipes, checkpoints, curve points and exports (the race's,
         # or a sweep setting's); the target and the data come from self.work
         self.own = self.work / "sweep" / a.setting if a.setting else self.work
         self.deadline = time.monotonic() + a.budget_s
@@ -746,7 +746,6 @@ class Bench:
         summary = summarize(self.done("target"), self.sides(), status, vars(self.a), SIDES)
         summary["curves"] = self.curves()  # the plot's points ($OUT brings back few files)
         write_json(self.out / "quality_race.json", summary)
-        write_json(self.own / "quality_race.json", summary)  # beside the sides it speaks for ($OUT is the call's)
         return summary
 
 
@@ -811,8 +810,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-batch", type=int, default=64, help="evaluate: prompts decoded in lockstep per process "
                     "(all of them by default: one batch per curve point)")
     ap.add_argument("--serve-batch", type=int, default=2048, help="stand-in server batch = generate's concurrency")
-    ap.add_argument("--setting", default=None, help="a sweep setting's name: its sides train, and their points and "
-                    "summary go, under --work/sweep/NAME, in runs of their own that adopt the race's samples and hidden "
+    ap.add_argument("--setting", default=None, help="a sweep setting's name: its sides train, and their results and "
+                    "points go, under --work/sweep/NAME, in runs of their own that adopt the race's samples and hidden "
                     "states; nothing of the race's own is touched")
     ap.add_argument("--check", action="store_true", help="check every flag and the steps named, then exit: "
                     "nothing runs (a sweep checks all its settings so before the first trains)")
