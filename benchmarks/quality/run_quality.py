@@ -219,6 +219,7 @@ class Bench:
                       "max_seq_len": 2048, "lr": a.lr, "warmup_steps": a.warmup_steps, "ttt_steps": 7,
                       "ttt_decay": a.ttt_decay, "teacher_temperature": a.teacher_temperature, "optimizer": a.optimizer,
                       "lm_head": a.lm_head, "min_lr_ratio": a.min_lr_ratio, "adamw_lr": a.adamw_lr,
+                      "feature_noise": a.feature_noise, "muon_weight_decay": a.muon_weight_decay,
                       "checkpoint_every": a.checkpoint_every, "log_every": 5,
                       "eval_fraction": 0.02, "weight_decay": 0.0, "compile": a.train_compile},
             "evaluate": {"prompts": str(self.work / "prompts_heldout.jsonl"), "num_prompts": a.eval_prompts,
@@ -800,6 +801,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="ours: train.min_lr_ratio, where the cosine ends (speculators' cosine ends at 0)")
     ap.add_argument("--adamw-lr", type=float, default=STAGE_DEFAULT["adamw_lr"], help="ours with --optimizer muon: "
                     "train.adamw_lr, the peak lr of the draft head and norms (default --lr; speculators' head is frozen)")
+    ap.add_argument("--feature-noise", type=float, default=STAGE_DEFAULT["feature_noise"],
+                    help="ours: train.feature_noise, uniform noise on the aux hidden states relative to each layer's "
+                    "rms, a regulariser for the race's few samples trained several epochs (0: off)")
+    ap.add_argument("--muon-weight-decay", type=float, default=STAGE_DEFAULT["muon_weight_decay"],
+                    help="ours with --optimizer muon: train.muon_weight_decay (speculators' default 0.1)")
     ap.add_argument("--train-compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--warmup-steps", type=int, default=30)
     ap.add_argument("--eval-prompts", type=int, default=64)
@@ -825,8 +831,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:  # the train stage's own bounds: ours' flags become its settings
         TrainSettings(ttt_decay=a.ttt_decay, **{k: getattr(a, k) for k in OURS_OWN})
     except ValidationError:
-        raise SystemExit("--teacher-temperature and --adamw-lr must be above 0, --ttt-decay in (0, 1] and "
-                         "--min-lr-ratio in [0, 1] (the train stage's bounds)") from None
+        raise SystemExit("--teacher-temperature and --adamw-lr must be above 0, --ttt-decay in (0, 1], "
+                         "--min-lr-ratio in [0, 1], --feature-noise and --muon-weight-decay at least 0 (the train "
+                         "stage's bounds)") from None
     a.vocabs = [int(v) for v in (a.draft_vocabs or ("512,1024,2048" if a.tiny else "16384,32768,64000")).split(",")]
     if a.train_steps is None:
         a.train_steps = 12 if a.tiny else 1200

@@ -268,6 +268,18 @@ def ttt_loss(
                      None if counter is None else counter.sums())
 
 
+def noised_features(aux_hidden: Tensor, layer_size: int, amplitude: float) -> Tensor:
+    """aux_hidden [..., L * layer_size], L aux layers side by side, plus uniform noise U(-a, a) * rms(h) on each
+    layer's hidden state h of each token, a = amplitude (EAGLE-1's feature noise, scaled per layer: the target's
+    layers differ in scale by orders of magnitude). In aux_hidden's dtype; zero rows (padding) stay zero."""
+    if aux_hidden.shape[-1] % layer_size:
+        raise ValueError(f"aux hidden width {aux_hidden.shape[-1]} is not a multiple of the target's hidden size "
+                         f"{layer_size}")
+    h = aux_hidden.unflatten(-1, (aux_hidden.shape[-1] // layer_size, layer_size)).float()
+    scale = h.square().mean(-1, keepdim=True).sqrt_().mul_(amplitude)
+    return torch.rand_like(h).mul_(2).sub_(1).mul_(scale).add_(h).to(aux_hidden.dtype).flatten(-2)
+
+
 class TTTObjective(nn.Module):
     """The drafter plus its objective as one module, so DDP/FSDP wrap a single forward.
 
@@ -275,11 +287,11 @@ class TTTObjective(nn.Module):
     training; each falls back to eager if it cannot compile here)."""
 
     def __init__(self, drafter: Eagle3Drafter, steps: int, decay: float, chunk_rows: int | None = None, attention: str = "sdpa",
-                 compiled: bool = False, temperature: float = 1.0) -> None:
+                 compiled: bool = False, temperature: float = 1.0, feature_noise: float = 0.0) -> None:
         super().__init__()
         self.drafter = drafter
         self.steps, self.decay, self.chunk_rows, self.attention = steps, decay, chunk_rows, attention
-        self.temperature = temperature
+        self.temperature, self.feature_noise = temperature, feature_noise
         self.compiled = compiled
         if compiled:
             drafter.midlayer.compile()
@@ -302,6 +314,8 @@ class TTTObjective(nn.Module):
                 block_lists: tuple[Tensor, Any] | None = None) -> tuple[Tensor, ...]:
         """→ (loss, step_loss, step_acc, step_count), and the [4, S] chain counts with ``chain``."""
         assert self.teacher_head is not None, "set TTTObjective.teacher_head first"
+        if self.training and self.feature_noise > 0:
+            aux_hidden = noised_features(aux_hidden, final_hidden.shape[-1], self.feature_noise)
         r = ttt_loss(
             self.drafter, self.teacher_head, input_ids, aux_hidden, final_hidden, loss_mask,
             self.steps, self.decay, self.chunk_rows, self.attention, self.compiled, chain, doc_ids, counts, block_lists,

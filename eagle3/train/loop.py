@@ -146,7 +146,7 @@ def _build(job: TrainJob, env: DistEnv) -> tuple[torch.nn.Module, TTTObjective]:
     attention = s.attention if s.attention != "auto" else ("flex" if env.device.type == "cuda" else "sdpa")
     compiled = s.compile and env.device.type == "cuda" and not (env.distributed and s.strategy == "fsdp")
     objective = TTTObjective(drafter, s.ttt_steps, s.ttt_decay, attention=attention, compiled=compiled,
-                             temperature=s.teacher_temperature).to(env.device)
+                             temperature=s.teacher_temperature, feature_noise=s.feature_noise).to(env.device)
     dtype = torch.bfloat16 if env.device.type == "cuda" else torch.float32
     drafter.embed_tokens.weight.data = drafter.embed_tokens.weight.data.to(dtype)  # frozen: no fp32 master needed
     objective.teacher_head = job.teacher_head.to(env.device, dtype)

@@ -219,10 +219,16 @@ def test_a_saved_training_of_another_recipe_is_named_not_taken(tmp_path):
     assert frozen.recipe_change("ours_v32768") == ("lm_head target (now target-frozen), min_lr_ratio 0.1 (now 0.0), "
                                                    "adamw_lr None (now 0.0005)")
     assert frozen.recipe_change("spec_v32768") is None
+    # the regularisers too: a training saved before them had no feature noise and Muon's decay 0.1
+    noised = _bench(tmp_path, teacher_temperature=0.25, feature_noise=0.1, muon_weight_decay=0.3)
+    assert noised.recipe_change("ours_v32768") == "feature_noise 0.0 (now 0.1), muon_weight_decay 0.1 (now 0.3)"
+    assert noised.recipe_change("spec_v32768") is None
     flags = ["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--tiny", "--draft-vocabs", "512",
-             "--lm-head", "target-frozen", "--min-lr-ratio", "0", "--adamw-lr", "5e-4"]
+             "--lm-head", "target-frozen", "--min-lr-ratio", "0", "--adamw-lr", "5e-4", "--feature-noise", "0.2",
+             "--muon-weight-decay", "0.3"]
     train = yaml.safe_load(run_quality.Bench(run_quality.parse_args(flags)).config(512).read_text())["train"]
     assert (train["lm_head"], train["min_lr_ratio"], train["adamw_lr"]) == ("target-frozen", 0.0, 5e-4)
+    assert (train["feature_noise"], train["muon_weight_decay"]) == (0.2, 0.3)
     assert TrainSettings(**train).lm_head == "target-frozen"  # keys the train stage reads, not a typo it ignores
 
 
@@ -322,6 +328,8 @@ def test_bad_recipe_flags_are_one_line_before_anything_runs(tmp_path, capsys):
                         (["--ttt-decay", "1.5"], "--ttt-decay in (0, 1]"),
                         (["--min-lr-ratio", "-0.1"], "--min-lr-ratio in [0, 1]"),
                         (["--adamw-lr", "0"], "--adamw-lr must be above 0"),
+                        (["--feature-noise", "-0.1"], "--feature-noise and --muon-weight-decay at least 0"),
+                        (["--muon-weight-decay", "-1"], "--feature-noise and --muon-weight-decay at least 0"),
                         (["--sides", "spec,ours"], "--sides: ours first")):
         with pytest.raises(SystemExit, match=re.escape(said)):
             run_quality.main(base + flags)

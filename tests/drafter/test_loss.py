@@ -169,3 +169,75 @@ def test_teacher_temperature_must_be_positive():
     for bad in (0, -1):
         with pytest.raises(ValidationError, match="teacher_temperature"):
             TrainSettings(teacher_temperature=bad)
+
+
+def test_feature_noise_is_uniform_at_each_aux_layers_own_scale_and_leaves_padding_and_input_alone():
+    import pytest
+
+    from eagle3.drafter.loss import noised_features
+
+    torch.manual_seed(0)
+    layers = torch.randn(4, 512, 3, 64) * torch.tensor([1e3, 1.0, 1e-3]).view(3, 1)  # scales 6 orders apart
+    layers[1, :7] = 0  # padding rows
+    aux = layers.flatten(-2)
+    kept = aux.clone()
+    noised = noised_features(aux, 64, 0.2)
+    assert torch.equal(aux, kept)  # the batch is not written: held-out metrics and retries read it again
+    assert noised.shape == aux.shape and noised.dtype == aux.dtype
+    assert torch.equal(noised.unflatten(-1, (3, 64))[1, :7], torch.zeros(7, 3, 64))
+    rms = layers.square().mean(-1, keepdim=True).sqrt()
+    rel = (noised.unflatten(-1, (3, 64)) - layers) / rms.clamp_min(1e-30)
+    live = rms.squeeze(-1) > 0
+    for layer in range(3):  # U(-0.2, 0.2) relative to each layer's own rms: bounded, centred, std 0.2 / sqrt(3)
+        r = rel[..., layer, :][live[..., layer]]
+        assert r.abs().max() <= 0.2 + 1e-5 and r.abs().max() > 0.199
+        assert abs(r.mean().item()) < 2e-3 and abs(r.std().item() - 0.2 / 3**0.5) < 2e-3
+    half = noised_features(aux.bfloat16(), 64, 0.2)  # bf16 in, bf16 out (noise made in fp32; bf16 rounds to 2^-8)
+    rel = (half.float() - aux.bfloat16().float()) / rms.expand(-1, -1, -1, 64).flatten(-2).clamp_min(1e-30)
+    assert half.dtype == torch.bfloat16 and 0.19 < rel[aux != 0].abs().max() < 0.2 + 0.03
+    with pytest.raises(ValueError, match="not a multiple"):
+        noised_features(aux[..., :100], 64, 0.2)
+
+
+def test_feature_noise_trains_on_noised_features_and_measures_held_out_on_clean_ones():
+    """In training mode the objective sees noised aux hidden states (its loss and gradients change, and vary
+    from call to call); in eval mode (held-out metrics) it is exactly the noise-free objective; 0 is off."""
+    from eagle3.drafter.loss import TTTObjective
+
+    target, ids, aux, final, _ = teacher_batch(b=2, t=20)
+    head = target.lm_head.weight.detach()[draft_ids()]
+    mask = torch.ones_like(ids, dtype=torch.uint8)
+    m = tiny_drafter()
+    plain, noisy = TTTObjective(m, 3, 0.8), TTTObjective(m, 3, 0.8, feature_noise=0.5)
+    plain.teacher_head = noisy.teacher_head = head
+    plain.eval(), noisy.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(noisy(ids, aux, final, mask)[1], plain(ids, aux, final, mask)[1], rtol=0, atol=0)
+    plain.train(), noisy.train()
+    base = plain(ids, aux, final, mask)[1].detach()
+    off = TTTObjective(m, 3, 0.8, feature_noise=0.0).train()
+    off.teacher_head = head
+    torch.testing.assert_close(off(ids, aux, final, mask)[1].detach(), base, rtol=0, atol=0)
+    first, second = noisy(ids, aux, final, mask), noisy(ids, aux, final, mask)
+    assert not torch.allclose(first[1], base) and not torch.allclose(first[1], second[1])
+    grad = torch.autograd.grad(first[0], m.fc.weight)[0]
+    assert torch.isfinite(grad).all() and not torch.allclose(grad, torch.autograd.grad(plain(ids, aux, final, mask)[0],
+                                                                                        m.fc.weight)[0])
+
+
+def test_feature_noise_is_a_train_setting_the_stage_hands_to_its_objective(tmp_path):
+    import pytest
+    from pydantic import ValidationError
+
+    from eagle3.train.loop import DistEnv, TrainJob, _build
+    from eagle3.train.settings import TrainSettings
+
+    with pytest.raises(ValidationError, match="feature_noise"):
+        TrainSettings(feature_noise=-0.1)
+    target, *_ = teacher_batch()
+    job = TrainJob(tiny_drafter().config, target.model.embed_tokens.weight.detach(),
+                   target.lm_head.weight.detach()[draft_ids()], plan=None, open_shard=None,  # type: ignore[arg-type]
+                   settings=TrainSettings(feature_noise=0.3, compile=False), store=None,  # type: ignore[arg-type]
+                   stage_prefix="", output=None, scratch=tmp_path)
+    _, objective = _build(job, DistEnv())
+    assert objective.feature_noise == 0.3 and TrainSettings().feature_noise == 0.0
