@@ -24,7 +24,9 @@ class TrainSettings(BaseModel):
     feature_noise: float = Field(0.0, ge=0, description=(
         "Training only: each aux layer's hidden state h of each token gets uniform noise U(-a, a) * rms(h), "
         "a = feature_noise, before the drafter's fc (EAGLE-1's feature noise, relative to each layer's scale). A "
-        "regulariser for small sample sets trained several epochs; 0: off. Held-out metrics see clean features."))
+        "regulariser for small sample sets trained several epochs; 0: off. Held-out metrics see clean features. On "
+        "the GPU race (docs/benchmarks.md, issue 21, one target, ~3.8 passes over 4.2M tokens) 0.1-1.0 lifted "
+        "acceptance 0.5-2 % (0.6: +2.0 %, paired interval above 1.0) and 2.0 nothing: not yet the default."))
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
     batch_tokens: int = Field(16384, ge=1, description="Tokens per optimizer step per process.")
     max_seq_len: int = Field(4096, ge=8, description="Longer samples are cut.")
