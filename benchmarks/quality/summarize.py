@@ -32,7 +32,7 @@ SHARED = ("train_steps", "ttt_decay", "optimizer", "lr")
 # trained for different steps get their ratio labelled ("unequal_steps")
 MATCHED = ("ttt_decay", "optimizer", "lr")
 # ours' own settings (the train stage's): the teacher, the draft head trained or frozen, where the cosine ends, the
-# peak lr of Muon's AdamW group (the head and norms; None: --lr)
+# peak lr of Muon's AdamW group (the head and norms; None: --lr), the feature noise and Muon's weight decay
 OURS_OWN = ("teacher_temperature", "lm_head", "min_lr_ratio", "adamw_lr", "feature_noise", "muon_weight_decay")
 # A step's status in a race report, as run_quality writes it and the readers below (device_call.sh's) take it:
 # ran in this call ("done in 12.3s"), or skipped as done earlier at this call's recipe (alone) or at another

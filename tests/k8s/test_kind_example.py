@@ -49,9 +49,9 @@ def test_the_minio_manifest_is_valid_and_gives_the_secret_the_profile_names():
 
 
 def test_the_generated_kind_values_are_what_render_writes_today():
-    """eagle3/k8s/chart/ci/kind-values.yaml is generated (its first line says how): every setting a config section has
-    is there with the value render gives it now. A setting added to a stage without regenerating the file breaks
-    this, not the kind e2e run that installs it."""
+    """eagle3/k8s/chart/ci/kind-values.yaml is generated (its first line says how): every setting a config section
+    has is there with the value render gives it now. A setting added to a stage without regenerating the file
+    breaks this, not the kind e2e run that installs it."""
     from eagle3.k8s.render import install_values
 
     kept = yaml.safe_load((REPO / "eagle3" / "k8s" / "chart" / "ci" / "kind-values.yaml").read_text())
