@@ -219,7 +219,7 @@ class Bench:
                       "max_seq_len": 2048, "lr": a.lr, "warmup_steps": a.warmup_steps, "ttt_steps": 7,
                       "ttt_decay": a.ttt_decay, "teacher_temperature": a.teacher_temperature, "optimizer": a.optimizer,
                       "lm_head": a.lm_head, "min_lr_ratio": a.min_lr_ratio, "adamw_lr": a.adamw_lr,
-                      "feature_noise": a.feature_noise, "muon_weight_decay": a.muon_weight_decay,
+                      "feature_noise": a.feature_noise, "muon_weight_decay": a.muon_weight_decay, "seed": a.seed,
                       "checkpoint_every": a.checkpoint_every, "log_every": 5,
                       "eval_fraction": 0.02, "weight_decay": 0.0, "compile": a.train_compile},
             "evaluate": {"prompts": str(self.work / "prompts_heldout.jsonl"), "num_prompts": a.eval_prompts,
@@ -806,6 +806,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "rms, a regulariser for the race's few samples trained several epochs (0: off)")
     ap.add_argument("--muon-weight-decay", type=float, default=STAGE_DEFAULT["muon_weight_decay"],
                     help="ours with --optimizer muon: train.muon_weight_decay (speculators' default 0.1)")
+    ap.add_argument("--seed", type=int, default=STAGE_DEFAULT["seed"],
+                    help="ours: train.seed, the drafter's init, the data order and the train stage's own held-out "
+                    "split; a sweep of seeds at one recipe measures how far one training of ours varies on a target "
+                    "(speculators keeps its seed 0)")
     ap.add_argument("--train-compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--warmup-steps", type=int, default=30)
     ap.add_argument("--eval-prompts", type=int, default=64)
