@@ -111,8 +111,8 @@ class Bench:
         # or a sweep setting's); the target and the data come from self.work
         self.own = self.work / "sweep" / a.setting if a.setting else self.work
         self.deadline = time.monotonic() + a.budget_s
-        (self.own / "results").mkdir(parents=True, exist_ok=True)
-        (self.work / "results").mkdir(parents=True, exist_ok=True)
+        for folder in {self.work, self.own}:
+            (folder / "results").mkdir(parents=True, exist_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
         self.store = self.work / "store"
         self.py = sys.executable
@@ -217,9 +217,8 @@ class Bench:
             # max_steps bounds training (and the cosine horizon); epochs only has to be large enough
             "train": {"epochs": 1000, "max_steps": self.train_steps("ours"), "batch_tokens": a.batch_tokens,
                       "max_seq_len": 2048, "lr": a.lr, "warmup_steps": a.warmup_steps, "ttt_steps": 7,
-                      "ttt_decay": a.ttt_decay, "teacher_temperature": a.teacher_temperature, "optimizer": a.optimizer,
-                      "lm_head": a.lm_head, "min_lr_ratio": a.min_lr_ratio, "adamw_lr": a.adamw_lr,
-                      "feature_noise": a.feature_noise, "muon_weight_decay": a.muon_weight_decay, "seed": a.seed,
+                      "ttt_decay": a.ttt_decay, "optimizer": a.optimizer,
+                      **{k: getattr(a, k) for k in OURS_OWN},  # ours' own recipe, under the train stage's names
                       "checkpoint_every": a.checkpoint_every, "log_every": 5,
                       "eval_fraction": 0.02, "weight_decay": 0.0, "compile": a.train_compile},
             "evaluate": {"prompts": str(self.work / "prompts_heldout.jsonl"), "num_prompts": a.eval_prompts,
