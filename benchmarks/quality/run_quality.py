@@ -809,6 +809,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="ours: train.seed, the drafter's init, the data order and the train stage's own held-out "
                     "split; a sweep of seeds at one recipe measures how far one training of ours varies on a target "
                     "(speculators keeps its seed 0)")
+    ap.add_argument("--loss-tokens", choices=("assistant", "all"), default=STAGE_DEFAULT["loss_tokens"],
+                    help="ours: train.loss_tokens, the tokens of a sample that teach the drafter: the response's "
+                    "(assistant, as speculators' data has it) or every one, the prompt's too (all: the target's "
+                    "logits at each position teach, from the same samples and hidden states)")
     ap.add_argument("--train-compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--warmup-steps", type=int, default=30)
     ap.add_argument("--eval-prompts", type=int, default=64)

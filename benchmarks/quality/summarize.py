@@ -24,7 +24,7 @@ SEED = 0
 RECIPE_DEFAULTS: dict[str, Any] = {"train_steps": None, "ttt_decay": 0.8, "optimizer": "adamw", "lr": 5e-4,
                                    "teacher_temperature": 1.0, "lm_head": "target", "min_lr_ratio": 0.1, "adamw_lr": None,
                                    "feature_noise": 0.0, "muon_weight_decay": 0.1, "seed": 0,
-                                   "loss_fn": "kl_div"}
+                                   "loss_tokens": "assistant", "loss_fn": "kl_div"}
 # What a curve point's number depends on besides the drafter; a point saved before it was kept was decoded so.
 EVALUATOR_DEFAULTS: dict[str, Any] = {"eval_prompts": 64, "eval_new_tokens": 96, "draft_tokens": 7}
 # the keys both systems' recipes have (train_steps may differ: ours' --ours-train-steps); then each its own key
@@ -33,9 +33,11 @@ SHARED = ("train_steps", "ttt_decay", "optimizer", "lr")
 # trained for different steps get their ratio labelled ("unequal_steps")
 MATCHED = ("ttt_decay", "optimizer", "lr")
 # ours' own settings (the train stage's): the teacher, the draft head trained or frozen, where the cosine ends, the
-# peak lr of Muon's AdamW group (the head and norms; None: --lr), the feature noise, Muon's weight decay, and the seed
-# (the drafter's init, the data order, the train stage's held-out split: another seed is another training)
-OURS_OWN = ("teacher_temperature", "lm_head", "min_lr_ratio", "adamw_lr", "feature_noise", "muon_weight_decay", "seed")
+# peak lr of Muon's AdamW group (the head and norms; None: --lr), the feature noise, Muon's weight decay, the seed
+# (the drafter's init, the data order, the train stage's held-out split: another seed is another training), and which
+# tokens of a sample teach the drafter (the response's, or every one: the same samples, more of their positions)
+OURS_OWN = ("teacher_temperature", "lm_head", "min_lr_ratio", "adamw_lr", "feature_noise", "muon_weight_decay", "seed",
+            "loss_tokens")
 # A step's status in a race report, as run_quality writes it and the readers below (device_call.sh's) take it:
 # ran in this call ("done in 12.3s"), or skipped as done earlier at this call's recipe (alone) or at another
 # ("done earlier with ...").

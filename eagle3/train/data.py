@@ -171,12 +171,16 @@ class _Buffers:
         self.scales = ((new(b, t, shard.aux_scale.shape[1], dtype=torch.float32, pin_memory=pin),
                         new(b, t, shard.final_scale.shape[1], dtype=torch.float32, pin_memory=pin)) if raw else None)
 
-    def put(self, shard: HiddenShard, sp: slice, dtype: torch.dtype, r: int, at: int) -> None:
+    def put(self, shard: HiddenShard, sp: slice, dtype: torch.dtype, r: int, at: int, all_tokens: bool = False) -> None:
         """Copy one sample's tokens (shard rows ``sp``) into row ``r`` from column ``at``: raw fp8
-        states and their scales, or the states in ``dtype`` (dequantized when the shard is fp8)."""
+        states and their scales, or the states in ``dtype`` (dequantized when the shard is fp8).
+        ``all_tokens``: the loss mask is 1 on every token of the sample, not the shard's."""
         w = slice(at, at + sp.stop - sp.start)
         self.ids[r, w].copy_(shard.input_ids[sp].long())
-        self.mask[r, w].copy_(shard.loss_mask[sp])
+        if all_tokens:
+            self.mask[r, w].fill_(1)
+        else:
+            self.mask[r, w].copy_(shard.loss_mask[sp])
         if self.scales is not None:
             self.aux[r, w].copy_(shard.aux_hidden[sp])
             self.final[r, w].copy_(shard.final_hidden[sp])
@@ -200,21 +204,22 @@ class _Buffers:
 
 
 def collate(shard: HiddenShard, samples: list[int], max_seq_len: int, dtype: torch.dtype, pad_to: int = 1, pin: bool = False,
-            raw_fp8: bool = False) -> Batch:
+            raw_fp8: bool = False, all_tokens: bool = False) -> Batch:
     """Right-pad the chosen samples of a shard (cut to max_seq_len) into one batch
     (in page-locked memory when ``pin``, for asynchronous copies to the GPU; ``raw_fp8``:
-    an fp8 shard's states stay fp8, see :meth:`Batch.dequantized`)."""
+    an fp8 shard's states stay fp8, see :meth:`Batch.dequantized`; ``all_tokens``: every
+    token of a sample is in the loss mask, the prompt's too)."""
     spans = _spans(shard, samples, max_seq_len)
     t = max(sp.stop - sp.start for sp in spans)
     t = -(-t // pad_to) * pad_to
     buf = _Buffers(shard, len(spans), t, dtype, pin, True, raw_fp8)
     for r, sp in enumerate(spans):
-        buf.put(shard, sp, dtype, r, 0)
+        buf.put(shard, sp, dtype, r, 0, all_tokens)
     return buf.batch(sum(sp.stop - sp.start for sp in spans))
 
 
 def collate_packed(shard: HiddenShard, rows: list[list[int]], max_seq_len: int, row_tokens: int, num_rows: int,
-                   dtype: torch.dtype, pin: bool = False, raw_fp8: bool = False) -> Batch:
+                   dtype: torch.dtype, pin: bool = False, raw_fp8: bool = False, all_tokens: bool = False) -> Batch:
     """[num_rows, row_tokens]: row r holds the samples ``rows[r]`` (each cut to max_seq_len) one
     after another, with each token's document id (its sample's place in the row; -1 on the
     padded tail, and on whole rows past ``len(rows)``, which keep the batch's shape)."""
@@ -230,7 +235,7 @@ def collate_packed(shard: HiddenShard, rows: list[list[int]], max_seq_len: int, 
             n = sp.stop - sp.start
             if at + n > row_tokens:
                 raise ValueError(f"packed row of more than {row_tokens} tokens")
-            buf.put(shard, sp, dtype, r, at)
+            buf.put(shard, sp, dtype, r, at, all_tokens)
             docs[r, at : at + n] = d
             at += n
         buf.zero_tail(r, at)
@@ -248,6 +253,7 @@ class DataPlan:
     rank: int = 0
     world: int = 1
     pack: bool = False  # training batches as packed rows (held-out batches are always padded)
+    all_tokens: bool = False  # training batches teach every token, the prompt's too (held-out: the response's)
 
     def rank_shards(self, epoch: int) -> list[int]:
         return shard_order(len(self.shards), epoch, self.seed)[self.rank :: self.world]
@@ -294,6 +300,7 @@ class DataPlan:
         cap = self.row_cap
         row_tokens = -(-cap // pad_to) * pad_to
         packed = self.packed(train)
+        every = self.all_tokens and train
         seen = 0
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-read")
         try:
@@ -307,8 +314,8 @@ class DataPlan:
                     continue
                 for b in plans:
                     if seen >= skip:
-                        yield (collate_packed(shard, b, cap, row_tokens, self.rows_per_batch, dtype, pin, raw_fp8) if packed
-                               else collate(shard, b, cap, dtype, pad_to, pin, raw_fp8))
+                        yield (collate_packed(shard, b, cap, row_tokens, self.rows_per_batch, dtype, pin, raw_fp8, every)
+                               if packed else collate(shard, b, cap, dtype, pad_to, pin, raw_fp8, every))
                     seen += 1
                 del shard
         finally:

@@ -287,6 +287,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
         # Share of the window the loop waited for its next batch (input-bound when large).
         rec["data_wait_frac"] = round(window_wait / max(now - window_t, 1e-9), 4)
         rec["tokens"] = tokens_seen
+        rec["taught_tokens"] = int(stats[1 + 2 * s.ttt_steps])  # this batch's positions taught at TTT step 0 (all ranks)
         window_t, window_tokens, window_wait = now, 0, 0.0
         if log is not None:
             log.log(rec)

@@ -27,6 +27,12 @@ class TrainSettings(BaseModel):
         "regulariser for small sample sets trained several epochs; 0: off. Held-out metrics see clean features. On "
         "the GPU race (docs/benchmarks.md, issue 21, one target, ~3.8 passes over 4.2M tokens) 0.1-1.0 lifted "
         "acceptance 0.5-2 % (0.6: +2.0 %, paired interval above 1.0) and 2.0 nothing: not yet the default."))
+    loss_tokens: str = Field("assistant", pattern="^(assistant|all)$", description=(
+        "Which tokens of a training sample teach the drafter. assistant: the response's (the data stage's loss "
+        "mask). all: every token, the prompt's too: the teacher is the target's own logits at each position, which "
+        "extract keeps for every token, so a prompt's positions carry the target's predictions as a response's do, "
+        "at no extra extraction and the same batches (a sample's tokens are in the batch either way; only the "
+        "loss's rows grow). Held-out metrics stay on the response's tokens."))
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
     batch_tokens: int = Field(16384, ge=1, description="Tokens per optimizer step per process.")
     max_seq_len: int = Field(4096, ge=8, description="Longer samples are cut.")

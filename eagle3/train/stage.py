@@ -95,7 +95,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
             path.unlink(missing_ok=True)  # a downloaded copy: keep local disk bounded to one shard
         return shard
 
-    plan = DataPlan(refs, s.batch_tokens, s.max_seq_len, s.eval_fraction, s.seed, env.rank, env.world, s.pack)
+    plan = DataPlan(refs, s.batch_tokens, s.max_seq_len, s.eval_fraction, s.seed, env.rank, env.world, s.pack,
+                    s.loss_tokens == "all")
     job = TrainJob(
         drafter_cfg, embed, teacher, plan, open_shard, s, ctx.store, ctx.output_prefix,
         ctx.output, ctx.scratch, progress=ctx.progress if ctx.output is not None else (lambda *a, **k: None),

@@ -225,12 +225,15 @@ def test_a_saved_training_of_another_recipe_is_named_not_taken(tmp_path):
     assert noised.recipe_change("spec_v32768") is None
     # another seed is another training of the same recipe (the spread of one), never taken for seed 0's
     assert _bench(tmp_path, teacher_temperature=0.25, seed=1).recipe_change("ours_v32768") == "seed 0 (now 1)"
+    # the prompt's positions taught too: the same samples, another training
+    assert (_bench(tmp_path, teacher_temperature=0.25, loss_tokens="all").recipe_change("ours_v32768")
+            == "loss_tokens assistant (now all)")
     flags = ["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--tiny", "--draft-vocabs", "512",
              "--lm-head", "target-frozen", "--min-lr-ratio", "0", "--adamw-lr", "5e-4", "--feature-noise", "0.2",
-             "--muon-weight-decay", "0.3", "--seed", "2"]
+             "--muon-weight-decay", "0.3", "--seed", "2", "--loss-tokens", "all"]
     train = yaml.safe_load(run_quality.Bench(run_quality.parse_args(flags)).config(512).read_text())["train"]
     assert (train["lm_head"], train["min_lr_ratio"], train["adamw_lr"]) == ("target-frozen", 0.0, 5e-4)
-    assert (train["feature_noise"], train["muon_weight_decay"], train["seed"]) == (0.2, 0.3, 2)
+    assert (train["feature_noise"], train["muon_weight_decay"], train["seed"], train["loss_tokens"]) == (0.2, 0.3, 2, "all")
     assert TrainSettings(**train).lm_head == "target-frozen"  # keys the train stage reads, not a typo it ignores
 
 

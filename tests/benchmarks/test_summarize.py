@@ -173,7 +173,7 @@ def test_no_acceptance_ratio_between_sides_trained_with_different_decays():
     assert head["eagle3ctl"]["recipe"] == {"train_steps": 12, "ttt_decay": 0.6, "optimizer": "adamw", "lr": 5e-4,
                                            "teacher_temperature": 0.1, "lm_head": "target", "min_lr_ratio": 0.1,
                                            "adamw_lr": None, "feature_noise": 0.0, "muon_weight_decay": 0.1,
-                                           "seed": 0}
+                                           "seed": 0, "loss_tokens": "assistant"}
     assert head["throughput_ratio"] == "not reported: eagle3ctl, speculators missing"  # no numbers, not refused for recipe
 
 

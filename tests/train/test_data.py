@@ -148,3 +148,42 @@ def test_fp8_batches_travel_raw_and_dequantize_where_used_to_the_host_dequantize
         assert used.aux_scale is None and used.aux_hidden.dtype == torch.bfloat16
         assert torch.equal(used.aux_hidden, host.aux_hidden) and torch.equal(used.final_hidden, host.final_hidden)
         assert torch.equal(used.input_ids, host.input_ids) and torch.equal(used.loss_mask, host.loss_mask)
+
+
+def prompted_shard(lengths: list[int], prompt: int, h: int = 4) -> HiddenShard:
+    """A shard whose samples' first ``prompt`` tokens are the prompt (loss mask 0), the rest the response."""
+    s = fake_shard(lengths, h=h)
+    s.loss_mask.copy_(torch.cat([torch.tensor([0] * prompt + [1] * (n - prompt), dtype=torch.uint8) for n in lengths]))
+    return s
+
+
+def test_all_tokens_teaches_every_real_token_of_a_sample_and_nothing_past_it():
+    s = prompted_shard([6, 9, 4], prompt=3)
+    packed = collate_packed(s, [[1, 0], [2]], max_seq_len=8, row_tokens=16, num_rows=3, dtype=torch.float32, all_tokens=True)
+    assert torch.equal(packed.loss_mask.bool(), packed.doc_ids >= 0)  # the prompt's tokens too, never a tail or an empty row
+    assert packed.loss_mask.sum() == packed.tokens == 8 + 6 + 4  # sample 1 cut to max_seq_len: its cut tail is not taught
+    padded = collate(s, [0, 1, 2], max_seq_len=8, dtype=torch.float32, pad_to=4, all_tokens=True)
+    assert padded.loss_mask.tolist() == [[1] * 6 + [0] * 2, [1] * 8, [1] * 4 + [0] * 4]
+    # the default is the shard's own mask: the prompt's tokens stay out
+    assert collate(s, [0], max_seq_len=8, dtype=torch.float32).loss_mask.tolist() == [[0, 0, 0, 1, 1, 1]]
+    assert s.loss_mask[:6].tolist() == [0, 0, 0, 1, 1, 1]  # the shard is not written
+
+
+def test_all_tokens_reaches_training_batches_only_and_keeps_their_order():
+    shards = {f"s{i}": prompted_shard([5 + (j * 7 + i) % 20 for j in range(12)], prompt=4) for i in range(2)}
+    for s, first in zip(shards.values(), (0, 100)):
+        s.sample_ids.add_(first)
+    refs = [ShardRef(n, 12, int(s.offsets[-1])) for n, s in shards.items()]
+    for pack in (True, False):
+        every, own = (DataPlan(refs, 60, 20, 0.2, 0, pack=pack, all_tokens=a) for a in (True, False))
+        train_all = list(every.iterate(shards.__getitem__, 0, torch.float32, pad_to=8))
+        train_own = list(own.iterate(shards.__getitem__, 0, torch.float32, pad_to=8))
+        assert len(train_all) == len(train_own)
+        for x, y in zip(train_all, train_own):  # the same batches, in the same order; only the mask grows
+            assert torch.equal(x.input_ids, y.input_ids) and torch.equal(x.aux_hidden, y.aux_hidden)
+            assert int(x.loss_mask.sum()) == x.tokens > int(y.loss_mask.sum()) > 0
+            assert not (y.loss_mask.bool() & ~x.loss_mask.bool()).any()
+        held_all = list(every.iterate(shards.__getitem__, 0, torch.float32, train=False))
+        held_own = list(own.iterate(shards.__getitem__, 0, torch.float32, train=False))
+        assert held_all and all(torch.equal(x.loss_mask, y.loss_mask) for x, y in zip(held_all, held_own, strict=True))
+        assert all(int(x.loss_mask.sum()) < x.tokens for x in held_all)  # held out: the response's tokens alone

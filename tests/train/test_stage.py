@@ -139,6 +139,24 @@ def test_a_profile_range_that_is_not_a_to_b_is_rejected_at_config_load(spec):
         load_config(None, {"train.profile_steps": spec})
 
 
+def test_loss_tokens_all_teaches_the_prompts_positions_and_holds_out_the_responses_alone(upstream, tmp_path):
+    # The same batches in the same order under either setting; with "all" every step teaches more positions (the
+    # samples' first third is prompt), and the held-out metrics are measured on the response's tokens as before.
+    runs = {}
+    for which in ("assistant", "all"):
+        cfg = fresh_config(upstream, tmp_path / which, **{"train.loss_tokens": which})
+        stats = run_stage(cfg, "train")
+        store = open_store(cfg.store.uri)
+        runs[which] = stats, parse_metrics(store.get_bytes(key_of(store, "t", "train", "metrics.jsonl")).decode())
+    (own, own_log), (every, every_log) = runs["assistant"], runs["all"]
+    assert own["tokens"] == every["tokens"] and [r["tokens"] for r in own_log] == [r["tokens"] for r in every_log]
+    assert all(e["taught_tokens"] > 1.3 * o["taught_tokens"] > 0 for o, e in zip(own_log, every_log, strict=True))
+    assert own_log[0]["loss"] != every_log[0]["loss"]  # the first step's loss already covers other positions
+    assert {k for k in own if k.startswith("eval_")} == {k for k in every if k.startswith("eval_")}
+    with pytest.raises(Exception, match="loss_tokens"):
+        load_config(None, {"train.loss_tokens": "prompt"})
+
+
 class StopAtCall(StopFlag):
     """Test double for the SIGTERM flag: reports a stop request on its n-th check."""
 
