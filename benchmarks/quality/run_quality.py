@@ -49,7 +49,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import NoReturn
+from typing import Literal, NoReturn, get_args, get_origin
 
 from files import write_json
 from pydantic import ValidationError
@@ -62,6 +62,9 @@ REPO = HERE.parents[1]
 # Ours' own flags default to what the train stage does unset (summarize.RECIPE_DEFAULTS keeps, on purpose, what
 # results saved before a flag existed were trained with: those must not move when the stage's defaults do).
 STAGE_DEFAULT = {name: field.default for name, field in TrainSettings.model_fields.items()}
+# and the values a train setting of a few takes, for the flags that pass one on (--optimizer, --lm-head, ...)
+STAGE_CHOICES = {name: get_args(field.annotation) for name, field in TrainSettings.model_fields.items()
+                 if get_origin(field.annotation) is Literal}
 PORT = 8123
 FIXED_STEPS = ("target", "spec_warm", "prep", "spec_data")
 # The race's sides: the system each one trains, as the summary and the plot name it.
@@ -787,14 +790,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "(default 200; tiny 4)")
     ap.add_argument("--batch-tokens", type=int, default=16384, help="tokens per optimizer step (both systems)")
     ap.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (both systems)")
-    ap.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw", help="both systems: AdamW, or Muon "
+    ap.add_argument("--optimizer", choices=STAGE_CHOICES["optimizer"], default="adamw", help="both systems: AdamW, or Muon "
                     "over the layer's matrices and AdamW over the head and norms (speculators' default; train.optimizer)")
     ap.add_argument("--ttt-decay", type=float, default=STAGE_DEFAULT["ttt_decay"],
                     help="loss weight of TTT step k is decay**k (both systems)")
     ap.add_argument("--teacher-temperature", type=float, default=STAGE_DEFAULT["teacher_temperature"],
                     help="ours: train.teacher_temperature (below 1 sharpens the teacher for greedy decoding, which "
                     "the evaluator measures)")
-    ap.add_argument("--lm-head", choices=("target", "target-frozen", "random"), default=STAGE_DEFAULT["lm_head"],
+    ap.add_argument("--lm-head", choices=STAGE_CHOICES["lm_head"], default=STAGE_DEFAULT["lm_head"],
                     help="ours: train.lm_head (target-frozen keeps the target's head rows, as speculators does)")
     ap.add_argument("--min-lr-ratio", type=float, default=STAGE_DEFAULT["min_lr_ratio"],
                     help="ours: train.min_lr_ratio, where the cosine ends (speculators' cosine ends at 0)")
@@ -809,7 +812,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="ours: train.seed, the drafter's init, the data order and the train stage's own held-out "
                     "split; a sweep of seeds at one recipe measures how far one training of ours varies on a target "
                     "(speculators keeps its seed 0)")
-    ap.add_argument("--loss-tokens", choices=("assistant", "all"), default=STAGE_DEFAULT["loss_tokens"],
+    ap.add_argument("--loss-tokens", choices=STAGE_CHOICES["loss_tokens"], default=STAGE_DEFAULT["loss_tokens"],
                     help="ours: train.loss_tokens, the tokens of a sample that teach the drafter: the response's "
                     "(assistant, as speculators' data has it) or every one, the prompt's too (all: the target's "
                     "logits at each position teach, from the same samples and hidden states)")

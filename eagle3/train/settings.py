@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from eagle3.processes import ProcsPerNode
@@ -27,7 +29,7 @@ class TrainSettings(BaseModel):
         "regulariser for small sample sets trained several epochs; 0: off. Held-out metrics see clean features. On "
         "the GPU race (docs/benchmarks.md, issue 21, one target, ~3.8 passes over 4.2M tokens) 0.1-1.0 lifted "
         "acceptance 0.5-2 % (0.6: +2.0 %, paired interval above 1.0) and 2.0 nothing: not yet the default."))
-    loss_tokens: str = Field("assistant", pattern="^(assistant|all)$", description=(
+    loss_tokens: Literal["assistant", "all"] = Field("assistant", description=(
         "Which tokens of a training sample teach the drafter. assistant: the response's (the data stage's loss "
         "mask). all: every token, the prompt's too: the teacher is the target's own logits at each position, which "
         "extract keeps for every token, so a prompt's positions carry the target's predictions as a response's do, "
@@ -46,7 +48,7 @@ class TrainSettings(BaseModel):
     warmup_steps: int = Field(100, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     adam_beta2: float = Field(0.95, gt=0, lt=1, description="AdamW's second-moment decay (beta1 is 0.9).")
-    optimizer: str = Field("adamw", pattern="^(adamw|muon)$", description=(
+    optimizer: Literal["adamw", "muon"] = Field("adamw", description=(
         "adamw: AdamW over every trained weight. muon: torch.optim.Muon (momentum orthogonalized by Newton-Schulz) "
         "over the drafter layer's weight matrices, AdamW over the draft head and the norms: speculators' default "
         "split. Muon's step is 0.2 lr in RMS (match_rms_adamw), AdamW's is up to lr early on, so Muon wants a larger "
@@ -59,7 +61,7 @@ class TrainSettings(BaseModel):
         "schedule; unset: lr. AdamW's steps are near lr each, larger than the head wants at the lrs Muon wants "
         "(speculators keeps the head frozen): on the CPU, under Muon at 2.5x and 5x its best lr, adamw_lr at "
         "AdamW's own best won back 1.8 and 2.4 % of acceptance (docs/benchmarks.md). Unused with adamw."))
-    lm_head: str = Field("target", pattern="^(target-frozen|target|random)$", description=(
+    lm_head: Literal["target-frozen", "target", "random"] = Field("target", description=(
         "The draft head's start: the target's lm_head rows of the draft vocab, trained (target) or kept frozen "
         "(target-frozen, as speculators does: no head gradient to compute); or a random init (random). From "
         "the target's head the drafter's output starts in the target's own final-hidden space. Frozen gained 5.5 % "
@@ -73,10 +75,10 @@ class TrainSettings(BaseModel):
     seed: int = Field(0)
     device: str = Field("auto", description="auto, cpu, cuda.")
     nproc_per_node: ProcsPerNode = Field("auto", description="torchrun processes per node (auto = GPUs, or 1 on CPU).")
-    strategy: str = Field("ddp", pattern="^(ddp|fsdp)$", description="ddp, or fsdp for large drafters.")
+    strategy: Literal["ddp", "fsdp"] = Field("ddp", description="ddp, or fsdp for large drafters.")
     compile: bool = Field(True, description="On CUDA: torch.compile the drafter layer and the fused draft-head KL "
                           "(each falls back to eager, with one warning, where it cannot compile). Not with fsdp.")
-    attention: str = Field("auto", pattern="^(auto|flex|sdpa)$", description="TTT attention: flex (block-sparse, "
+    attention: Literal["auto", "flex", "sdpa"] = Field("auto", description="TTT attention: flex (block-sparse, "
                            "compiled on CUDA) or sdpa (dense mask); auto = flex on CUDA, sdpa on CPU.")
     copy_ahead: bool = Field(True, description="On CUDA: copy each batch to the GPU one step ahead on a side stream "
                              "(off: on the compute stream when the step takes it).")
