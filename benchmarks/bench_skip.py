@@ -14,7 +14,7 @@ re-hashed, larger ones compared by the store's fingerprint. This measures, in on
 - the tiny pipeline's no-op rerun: ``eagle3ctl run pipeline -c examples/tiny.yaml`` a second
             time (every stage skipped), end to end, with ``--tiny-run``
 
-Goal (issue 18): skip ≤ 5 s and ≤ 2 % of readback.
+Goal: skip ≤ 5 s and ≤ 2 % of readback.
 
     python benchmarks/bench_skip.py --gb 20 --out benchmarks/results/skip.json [--tiny-run]
 """

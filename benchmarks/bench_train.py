@@ -42,7 +42,7 @@ from eagle3.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
 LLAMA_8B = dict(hidden_size=4096, target_hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                 num_key_value_heads=8, head_dim=128, vocab_size=128256, draft_vocab_size=32000,
                 rope_theta=500000.0, max_position_embeddings=8192, aux_layer_ids=[2, 16, 29])
-# The drafter of benchmarks/quality's ~133M target (the issue-8 race against speculators).
+# The drafter of benchmarks/quality's ~133M target (the race against speculators).
 QUALITY = dict(hidden_size=640, target_hidden_size=640, intermediate_size=1728, num_attention_heads=10,
                num_key_value_heads=2, head_dim=64, vocab_size=64000, draft_vocab_size=16384,
                rms_norm_eps=1e-5, aux_layer_ids=[2, 6, 9])

@@ -3,7 +3,7 @@
 # install Debian's docker.io + debootstrap if missing, start dockerd in the background if
 # none answers, wait for it, and make (or reuse) the cached local base image.
 #
-# What works in this sandbox (see docs/images.md): dockerd with its defaults (overlay2,
+# What works on a CI host (see docs/images.md): dockerd with its defaults (overlay2,
 # cgroupfs v1, the docker0 bridge); containers run with --network host so they reach the
 # test's servers on 127.0.0.1. If the default start fails we retry without iptables and
 # the bridge, then with the vfs storage driver.
@@ -34,7 +34,7 @@ wait_engine() {
 }
 
 start_dockerd() {
-  # A dockerd killed with the previous session leaves its pid file behind; it refuses to start then.
+  # A dockerd killed with its login session leaves its pid file behind; it refuses to start then.
   if [ -f /var/run/docker.pid ] && ! kill -0 "$(cat /var/run/docker.pid)" 2>/dev/null; then
     rm -f /var/run/docker.pid
   fi

@@ -4,7 +4,7 @@ Backends know nothing about torch: they start ``eagle3 stage NAME`` somewhere, s
 stop the serve endpoint, and report how a started stage ended. The scheduler
 (``eagle3.pipeline.scheduler``) decides what runs when, from the manifests in the store.
 
-Changes since the first version (additive only; implementations need not change):
+Beyond the abstract methods (each with a default, so an implementation need not change):
 - ``Backend.gpu_count()`` (not abstract, default 0): GPUs a GPU stage or the server holds,
   used for the GPU-hours column. The Kubernetes backend should return gpus_per_node × nodes.
 - Construction: ``eagle3.pipeline.runner.open_backend`` builds ``LocalBackend(cfg, state)`` or

@@ -300,7 +300,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
     while epoch < total_epochs and step < max_steps:
         limit = math.ceil(frac * per_epoch) if epoch == full_epochs else None
         # On CUDA fp8 shards travel as fp8 (half the bytes to copy) and are dequantized on the GPU:
-        # dequantizing 16K tokens on the prefetch thread left the GPU waiting ~30 % of the time (run 8).
+        # dequantizing 16K tokens on the prefetch thread leaves the GPU waiting for data.
         batches = job.plan.iterate(job.open_shard, epoch, dtype, skip=batch_idx, pad_to=pad_to, pin=cuda, raw_fp8=cuda)
         with Prefetcher(_prepared(batches, s.ttt_steps, objective.attention == "flex", cuda)) as it:
             on_device = AheadOnDevice(it, env.device, side_stream=s.copy_ahead)

@@ -18,25 +18,20 @@ class TrainSettings(BaseModel):
         "The drafter is taught softmax(z / T) of the target's logits z over the draft vocab. 1: the target's own "
         "distribution, right for serving at any sampling temperature (rejection sampling accepts by min(p, q)). "
         "Below 1 sharpens it toward the target's top token: for greedy serving (temperature 0, where a draft "
-        "token is accepted iff it is the target's argmax) the drafter's capacity goes to that agreement "
-        "(docs/benchmarks.md, issue 21's race, four targets at 0.1-0.25: 1.00-1.08x speculators' default kl_div "
-        "loss, 1.04x on average, and 0.99-1.03x its ce loss, cross-entropy on the argmax, the T -> 0 end of the "
-        "same idea)."))
+        "token is accepted iff it is the target's argmax) the drafter's capacity goes to that agreement; "
+        "cross-entropy on the argmax is the T -> 0 end of the same idea."))
     epochs: float = Field(1.0, gt=0, description="Passes over the hidden-state shards.")
     feature_noise: float = Field(0.0, ge=0, description=(
         "Training only: each aux layer's hidden state h of each token gets uniform noise U(-a, a) * rms(h), "
         "a = feature_noise, before the drafter's fc (EAGLE-1's feature noise, relative to each layer's scale). A "
-        "regulariser for small sample sets trained several epochs; 0: off. Held-out metrics see clean features. On "
-        "the GPU race (docs/benchmarks.md, issue 21, one target, ~3.8 passes over 4.2M tokens) 0.1-1.0 lifted "
-        "acceptance 0.5-2 % (0.6: +2.0 %, paired interval above 1.0) and 2.0 nothing: not yet the default."))
+        "regulariser for small sample sets trained several epochs; 0: off. Held-out metrics see clean features."))
     loss_tokens: Literal["assistant", "all"] = Field("assistant", description=(
         "Which tokens of a training sample teach the drafter. assistant: the response's (the data stage's loss "
         "mask). all: every token, the prompt's too: the teacher is the target's own logits at each position, which "
         "extract keeps for every token, so a prompt's positions carry the target's predictions as a response's do, "
         "at no extra extraction and the same batches (a sample's tokens are in the batch either way; only the "
-        "loss's rows grow). Held-out metrics stay on the response's tokens. On the GPU race (docs/benchmarks.md, "
-        "issue 21, one target, prompts ~70 % of the tokens) all lifted acceptance 9-12 % over assistant (two seeds) "
-        "at 0.78x the training throughput and +1.7 GiB of peak memory: not yet the default."))
+        "loss's rows grow, and with them the draft head's time and memory). Held-out metrics stay on the "
+        "response's tokens."))
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
     batch_tokens: int = Field(16384, ge=1, description="Tokens per optimizer step per process.")
     max_seq_len: int = Field(4096, ge=8, description="Longer samples are cut.")
@@ -52,21 +47,19 @@ class TrainSettings(BaseModel):
         "adamw: AdamW over every trained weight. muon: torch.optim.Muon (momentum orthogonalized by Newton-Schulz) "
         "over the drafter layer's weight matrices, AdamW over the draft head and the norms: speculators' default "
         "split. Muon's step is 0.2 lr in RMS (match_rms_adamw), AdamW's is up to lr early on, so Muon wants a larger "
-        "lr: in the CPU A/B (docs/benchmarks.md) its best was 2x AdamW's best, and 2 % more acceptance."))
+        "lr than AdamW."))
     muon_weight_decay: float = Field(0.1, ge=0, description="Muon's weight decay on its matrices (weight_decay "
                                      "stays AdamW's); speculators' default.")
     muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's (Nesterov) momentum.")
     adamw_lr: float | None = Field(None, gt=0, description=(
         "With optimizer muon: the peak lr of the AdamW group (the trained draft head and the norms), on the same "
-        "schedule; unset: lr. AdamW's steps are near lr each, larger than the head wants at the lrs Muon wants "
-        "(speculators keeps the head frozen): on the CPU, under Muon at 2.5x and 5x its best lr, adamw_lr at "
-        "AdamW's own best won back 1.8 and 2.4 % of acceptance (docs/benchmarks.md). Unused with adamw."))
+        "schedule; unset: lr. AdamW's steps are near lr each, larger than the head wants at the lrs Muon wants: "
+        "set it to an lr AdamW alone would train with. Unused with adamw."))
     lm_head: Literal["target-frozen", "target", "random"] = Field("target", description=(
         "The draft head's start: the target's lm_head rows of the draft vocab, trained (target) or kept frozen "
         "(target-frozen, as speculators does: no head gradient to compute); or a random init (random). From "
-        "the target's head the drafter's output starts in the target's own final-hidden space. Frozen gained 5.5 % "
-        "of acceptance on the GPU under Muon at lr 2e-3, where the trained head took AdamW steps at that lr "
-        "(docs/benchmarks.md, one target), and lost 1.2 % on the CPU's tiny runs: not yet the default."))
+        "the target's head the drafter's output starts in the target's own final-hidden space; frozen, it stays "
+        "there, however large the lr the drafter layer trains with."))
     init_std: float | None = Field(None, gt=0, description="Initial weights of every drafter linear layer ~ "
                                    "normal(0, init_std), as HF's initializer_range; unset: PyTorch's default init.")
     grad_clip: float = Field(0.5, gt=0)

@@ -1,7 +1,7 @@
 """Progress lines of ranks sharing one stderr pipe (a torchrun stage) stay whole lines.
 
-The CI run of 2026-12-05 failed test_torchrun_two_processes_split_the_shards on two ranks' lines run
-into one: stderr on a pipe is write-through, and print() wrote the text and its newline separately.
+Without care two ranks' lines run into one: stderr on a pipe is write-through, and print() writes the
+text and its newline separately.
 """
 
 from __future__ import annotations

@@ -267,7 +267,7 @@ def test_muon_on_fsdp_shards_orthogonalizes_whole_matrices(upstream, tmp_path):
 def test_a_stalled_chain_is_named_in_one_line():
     from eagle3.train.stage import chain_stalled
 
-    stalled = {"eval_same_as_step0_1": 0.82, "eval_chain_acc_1": 0.04, "eval_acc_1": 0.23}  # the H200 run-6 drafter
+    stalled = {"eval_same_as_step0_1": 0.82, "eval_chain_acc_1": 0.04, "eval_acc_1": 0.23}  # a drafter whose chain does not advance
     line = chain_stalled(stalled)
     assert line is not None and "\n" not in line and "82%" in line
     assert chain_stalled({"eval_same_as_step0_1": 0.05, "eval_chain_acc_1": 0.89, "eval_acc_1": 0.78}) is None  # tiny chain
