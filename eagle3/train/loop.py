@@ -25,8 +25,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 
-from eagle3.drafter.flex import pack_block_lists
 from eagle3.drafter.loss import TTTObjective, chain_rates, row_counts
+from eagle3.drafter.masks import pack_block_lists
 from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3.errors import StageError
 from eagle3.extract.shards import HiddenShard

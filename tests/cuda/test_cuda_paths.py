@@ -77,7 +77,7 @@ def test_packed_rows_compiled_flex_matches_dense_sdpa(capfd):
     with other documents reuses the compiled graphs (one shape, one compile)."""
     import torch._dynamo.utils as dynamo_utils
 
-    from eagle3.drafter.flex import pack_block_lists
+    from eagle3.drafter.masks import pack_block_lists
 
     rows = ([0, 100, 300, 520, 700, 768], [0, 128, 129, 640, 768])
     compiled = objective(True, "flex")

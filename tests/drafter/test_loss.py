@@ -71,7 +71,7 @@ def test_nothing_counted_still_reaches_every_weight():
 
 def test_every_step_matches_plain_autograd_reference():
     """Loss and gradients of every TTT step (not only step 0) equal full-logit autograd KL."""
-    from eagle3.drafter.model import TTTCache
+    from eagle3.drafter.caches import TTTCache
 
     target, ids, aux, final, _ = teacher_batch(b=2, t=20)
     head = target.lm_head.weight.detach()[draft_ids()]
@@ -96,7 +96,7 @@ def test_every_step_matches_plain_autograd_reference():
 def test_chained_accuracy_counts_a_step_only_after_every_step_before_was_right():
     """chain=True: per step, rows right at steps 0..k-1 (and counted through k), those also right
     at k, and rows whose argmax repeats step 0's — checked against a brute-force count."""
-    from eagle3.drafter.model import TTTCache
+    from eagle3.drafter.caches import TTTCache
 
     target, ids, aux, final, _ = teacher_batch(b=2, t=20)
     head = target.lm_head.weight.detach()[draft_ids()]
@@ -128,7 +128,7 @@ def test_chained_accuracy_counts_a_step_only_after_every_step_before_was_right()
 def test_teacher_temperature_teaches_the_sharpened_target():
     """temperature T: every step's loss and gradients equal autograd KL against softmax(z / T); the
     accuracy (argmax agreement) is T's to leave alone; a T near 0 is cross-entropy on the target's argmax."""
-    from eagle3.drafter.model import TTTCache
+    from eagle3.drafter.caches import TTTCache
 
     target, ids, aux, final, _ = teacher_batch(b=2, t=20)
     head = target.lm_head.weight.detach()[draft_ids()]

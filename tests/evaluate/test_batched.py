@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
 
-from eagle3.drafter.model import DrafterConfig, Eagle3Drafter, TTTCache
+from eagle3.drafter.caches import TTTCache
+from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3.drafter.settings import DrafterSettings
 from eagle3.evaluate.batched import BatchedSpeculativeDecoder, Slots
 from eagle3.evaluate.spec_decode import SpeculativeDecoder, greedy_generate

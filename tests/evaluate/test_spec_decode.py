@@ -3,7 +3,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from eagle3.drafter.model import DrafterConfig, Eagle3Drafter, KVCache
+from eagle3.drafter.caches import KVCache
+from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3.drafter.settings import DrafterSettings
 from eagle3.evaluate.report import acceptance_rates, summarize
 from eagle3.evaluate.spec_decode import SpeculativeDecoder, greedy_generate
