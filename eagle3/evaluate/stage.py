@@ -95,8 +95,8 @@ def open_hf_decoder(target_settings: TargetSettings, ev: EvaluateSettings, expor
     from eagle3.drafter.adapter import load_drafter
     from eagle3.evaluate.batched import BatchedSpeculativeDecoder
     from eagle3.evaluate.spec_decode import DecodeResult, SpeculativeDecoder, greedy_generate
-    from eagle3.extract.capture import HiddenCapture, find_decoder_stack
-    from eagle3.extract.loading import load_target, resolve_device
+    from eagle3.targets.capture import HiddenCapture, find_decoder_stack
+    from eagle3.targets.placement import load_target, resolve_device
     from eagle3.targets.load import load_tokenizer, num_layers
 
     dcfg = drafter_config_from_export(export_config)
@@ -145,7 +145,7 @@ def hf_report(k: int, results: list[PromptResult]) -> dict[str, Any]:
 
 
 def _check_workers_fit(ev: EvaluateSettings, target_settings: TargetSettings, workers: int) -> None:
-    from eagle3.extract.loading import needs_device_map, resolve_device
+    from eagle3.targets.placement import needs_device_map, resolve_device
     from eagle3.targets.load import resolve_target
 
     device = resolve_device(ev.device)  # fail here, in one line, not in every worker
