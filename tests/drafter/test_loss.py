@@ -229,7 +229,8 @@ def test_feature_noise_is_a_train_setting_the_stage_hands_to_its_objective(tmp_p
     import pytest
     from pydantic import ValidationError
 
-    from eagle3.train.loop import DistEnv, TrainJob, _build
+    from eagle3.train.distributed import DistEnv
+    from eagle3.train.loop import TrainJob, _build
     from eagle3.train.settings import TrainSettings
 
     with pytest.raises(ValidationError, match="feature_noise"):
