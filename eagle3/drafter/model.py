@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eagle3.drafter.caches import KVCache, TTTCache
-from eagle3.drafter.settings import DrafterSettings
 from eagle3.errors import ConfigError
+from eagle3.settings.drafter import DrafterSettings
 
 
 @dataclass

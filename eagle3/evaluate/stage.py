@@ -26,7 +26,7 @@ from safetensors import safe_open
 
 from eagle3.context import StageContext
 from eagle3.errors import StageError
-from eagle3.evaluate.settings import EvaluateSettings
+from eagle3.settings.evaluate import EvaluateSettings
 from eagle3.evaluate.prompts import held_out_prompts
 from eagle3.evaluate.report import plot_acceptance, summarize, summarize_counts
 from eagle3.export.stage import CONFIG as EXPORT_CONFIG
@@ -34,7 +34,7 @@ from eagle3.export.stage import MODEL as EXPORT_MODEL
 from eagle3.export.vllm_config import drafter_config_from_export
 from eagle3.manifest import Manifest
 from eagle3.store import ObjectStore
-from eagle3.targets.settings import TargetSettings
+from eagle3.settings.target import TargetSettings
 
 REPORT = "report.json"
 PLOT = "acceptance.png"

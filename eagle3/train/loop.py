@@ -42,7 +42,7 @@ from eagle3.train.optim import Optimizers
 from eagle3.train.prefetch import AheadOnDevice, Prefetcher
 from eagle3.train.profiling import StepProfiler
 from eagle3.train.schedule import lr_factor
-from eagle3.train.settings import TrainSettings
+from eagle3.settings.train import TrainSettings
 
 EVAL_MAX_BATCHES = 50
 

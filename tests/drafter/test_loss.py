@@ -163,7 +163,7 @@ def test_teacher_temperature_must_be_positive():
     import pytest
     from pydantic import ValidationError
 
-    from eagle3.train.settings import TrainSettings
+    from eagle3.settings.train import TrainSettings
 
     assert TrainSettings(teacher_temperature=0.25).teacher_temperature == 0.25
     for bad in (0, -1):
@@ -231,7 +231,7 @@ def test_feature_noise_is_a_train_setting_the_stage_hands_to_its_objective(tmp_p
 
     from eagle3.train.distributed import DistEnv
     from eagle3.train.loop import TrainJob, _build
-    from eagle3.train.settings import TrainSettings
+    from eagle3.settings.train import TrainSettings
 
     with pytest.raises(ValidationError, match="feature_noise"):
         TrainSettings(feature_noise=-0.1)

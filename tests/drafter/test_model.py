@@ -6,7 +6,7 @@ from eagle3.drafter.loss import step_inputs
 from eagle3.drafter.caches import KVCache, TTTCache
 from eagle3.drafter.masks import ttt_mask
 from eagle3.drafter.model import DrafterConfig
-from eagle3.drafter.settings import DrafterSettings
+from eagle3.settings.drafter import DrafterSettings
 from eagle3.errors import ConfigError
 from tests.drafter.helpers import HIDDEN, tiny_config, tiny_drafter
 

@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
 
 from eagle3.drafter.caches import TTTCache
 from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
-from eagle3.drafter.settings import DrafterSettings
+from eagle3.settings.drafter import DrafterSettings
 from eagle3.evaluate.batched import BatchedSpeculativeDecoder, Slots
 from eagle3.evaluate.spec_decode import SpeculativeDecoder, greedy_generate
 from eagle3.targets.capture import HiddenCapture, find_decoder_stack

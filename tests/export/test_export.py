@@ -160,7 +160,7 @@ def _kimi_like_target(max_positions=262144):
 
 
 def test_drafter_positions_follow_the_target():
-    from eagle3.drafter.settings import DrafterSettings
+    from eagle3.settings.drafter import DrafterSettings
 
     target = _kimi_like_target()
     config = build_vllm_config(DrafterConfig.from_target(target, DrafterSettings(), 32000, [2, 30, 58]), [2, 30, 58])
