@@ -30,7 +30,7 @@ import torch
 
 from eagle3.data.tokenized import from_lists
 from eagle3.extract.batching import plan_batches, plan_shards, right_pad
-from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+from eagle3.targets.capture import HiddenCapture, find_decoder_stack
 from eagle3.extract.run import HostStaging, ShardStats, extract_shard
 from eagle3.extract.writer import ShardWriter
 from eagle3.manifest import StageOutput

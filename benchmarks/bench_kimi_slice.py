@@ -84,7 +84,7 @@ def main() -> None:
 
     from eagle3.data.tokenized import from_lists
     from eagle3.extract.batching import plan_shards
-    from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+    from eagle3.targets.capture import HiddenCapture, find_decoder_stack
     from eagle3.extract.run import ShardStats, extract_shard
 
     c = TINY if args.tiny else KIMI

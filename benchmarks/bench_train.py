@@ -35,8 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle3.drafter.flex import pack_block_lists  # noqa: E402
 from eagle3.drafter.loss import TTTObjective, row_counts  # noqa: E402
+from eagle3.drafter.masks import pack_block_lists  # noqa: E402
 from eagle3.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
 
 LLAMA_8B = dict(hidden_size=4096, target_hidden_size=4096, intermediate_size=14336, num_attention_heads=32,

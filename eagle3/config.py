@@ -1,7 +1,8 @@
 """The pipeline configuration: one YAML file plus ``EAGLE3_*`` environment overrides.
 
-Each component owns its settings model next to its code; this module only composes
-them and turns validation failures into one line that names the field.
+Each component's settings model lives in :mod:`eagle3.settings`, below every stage that
+reads it; this module only composes them and turns validation failures into one line
+that names the field.
 Nested env overrides use ``__``: ``EAGLE3_TRAIN__LR=3e-4``.
 """
 
@@ -17,16 +18,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
-from eagle3.data.settings import GenerateSettings
-from eagle3.drafter.settings import DrafterSettings
 from eagle3.errors import ConfigError
-from eagle3.evaluate.settings import EvaluateSettings
-from eagle3.extract.settings import ExtractSettings
-from eagle3.k8s.settings import KubernetesSettings
-from eagle3.serve.settings import ServeSettings
-from eagle3.targets.settings import TargetSettings
-from eagle3.train.settings import TrainSettings
-from eagle3.vocab.settings import VocabSettings
+from eagle3.settings.drafter import DrafterSettings
+from eagle3.settings.evaluate import EvaluateSettings
+from eagle3.settings.extract import ExtractSettings
+from eagle3.settings.generate import GenerateSettings
+from eagle3.settings.kubernetes import KubernetesSettings
+from eagle3.settings.serve import ServeSettings
+from eagle3.settings.target import TargetSettings
+from eagle3.settings.train import TrainSettings
+from eagle3.settings.vocab import VocabSettings
 
 _RUN_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
 RUN_ID_RULE = "must be lowercase letters, digits and '-', at most 42 characters (it becomes a label)"

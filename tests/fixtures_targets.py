@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.serve.settings import ServeSettings
-from eagle3.targets.settings import TargetSettings
+from eagle3.settings.serve import ServeSettings
+from eagle3.settings.target import TargetSettings
 
 SERVER_STARTUP_TIMEOUT_S = 300  # CPU shared by many test processes: loading torch can take a while
 

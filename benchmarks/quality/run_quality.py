@@ -55,7 +55,7 @@ from files import write_json
 from pydantic import ValidationError
 from summarize import DONE_EARLIER, DONE_IN, OURS_OWN, SHARED, point_evaluator
 
-from eagle3.train.settings import TrainSettings
+from eagle3.settings.train import TrainSettings
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

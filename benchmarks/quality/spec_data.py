@@ -32,7 +32,7 @@ def write_hidden_states(model, samples, aux_ids: list[int], out_dir: Path, devic
     """hs_<i>.safetensors for every sample i, through the extract stage's own capture (hooks on the
     decoder stack, batches of similar length, right-padded), keeping the final norm's input."""
     from eagle3.extract.batching import plan_batches, right_pad
-    from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+    from eagle3.targets.capture import HiddenCapture, find_decoder_stack
     from eagle3.targets.load import num_layers
 
     out_dir.mkdir(parents=True, exist_ok=True)

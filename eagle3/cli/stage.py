@@ -30,7 +30,7 @@ def stage(
     from eagle3.context import rank, run_stage
 
     from eagle3.errors import ConfigError
-    from eagle3.serve.settings import check_endpoint_url
+    from eagle3.settings.serve import check_endpoint_url
 
     cfg = config_from(config, run_id, store)
     if endpoint is not None:

@@ -61,9 +61,15 @@ def check_weights(cfg: DrafterConfig, shapes: dict[str, tuple[int, ...]], where:
     return problems
 
 
+def exportable_state_dict(model: Eagle3Drafter) -> dict[str, Tensor]:
+    """The drafter's tensors under :data:`EXPORT_KEYS`, in that order (the frozen embedding is the target's)."""
+    sd = model.state_dict()
+    return {k: sd[k] for k in EXPORT_KEYS}
+
+
 def save_drafter(model: Eagle3Drafter, out_dir: Path) -> tuple[Path, Path]:
     """Write drafter.safetensors (exportable names, float32) + drafter_config.json into out_dir."""
-    return save_drafter_state(model.exportable_state_dict(), model.config, out_dir)
+    return save_drafter_state(exportable_state_dict(model), model.config, out_dir)
 
 
 def save_drafter_state(state: dict[str, Tensor], cfg: DrafterConfig, out_dir: Path) -> tuple[Path, Path]:

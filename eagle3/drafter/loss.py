@@ -38,8 +38,11 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from eagle3.drafter.caches import TTTCache
 from eagle3.drafter.linear_kl import linear_kl
-from eagle3.drafter.model import Eagle3Drafter, TTTCache, doc_start_rows
+from eagle3.drafter.masks import doc_start_rows
+from eagle3.drafter.model import Eagle3Drafter
 
 
 def shift_left(x: Tensor, k: int, fill: float | int = 0) -> Tensor:
@@ -238,7 +241,7 @@ def ttt_loss(
     teacher_head [N, Ht] = the target lm_head rows of the draft vocab; doc_ids [B, T] for
     packed rows (None: one sample per row); counts: :func:`row_counts` of the batch, when
     the caller has them (no host synchronisation per step); block_lists: the packed rows'
-    flex block lists made with the batch (:func:`eagle3.drafter.flex.pack_block_lists`);
+    flex block lists made with the batch (:func:`eagle3.drafter.masks.pack_block_lists`);
     temperature: the teacher is softmax(z / temperature) over the draft vocab (below 1:
     sharper, toward the target's top token)."""
     if counts is not None and len(counts) < steps + 1:

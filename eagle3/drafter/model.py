@@ -9,9 +9,9 @@ Math (as vLLM's ``llama_eagle3.py`` runs it at inference, default
     out  = r + mlp(post_attention_layernorm(r))                        # pre-norm output, fed back
     logits = lm_head(norm(out))                                        # [.., draft_vocab]
 
-Attention goes through a cache object: :class:`KVCache` for token-by-token decoding,
-:class:`TTTCache` for training-time test, where step k at row t attends causally to
-rows <= t of step 0 and to row t of steps 1..k (exactly what decoding sees).
+Attention goes through a cache object (:mod:`eagle3.drafter.caches`): ``KVCache`` for
+token-by-token decoding, ``TTTCache`` for training-time test. Weight names in and out of
+files are :mod:`eagle3.drafter.adapter`'s.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eagle3.drafter.settings import DrafterSettings
+from eagle3.drafter.caches import KVCache, TTTCache
 from eagle3.errors import ConfigError
+from eagle3.settings.drafter import DrafterSettings
 
 
 @dataclass
@@ -127,90 +128,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
-
-
-class KVCache:
-    """Keys/values of every row seen so far, for decoding; new rows attend to all of them + causally."""
-
-    def __init__(self) -> None:
-        self.k: Tensor | None = None  # [B, kv, S, D]
-        self.v: Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.k is None else int(self.k.shape[2])
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        past = self.length
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        t = q.shape[2]
-        if past == 0:
-            return F.scaled_dot_product_attention(q, self.k, self.v, is_causal=True, enable_gqa=True)
-        rows = torch.arange(t, device=q.device)[:, None] + past
-        mask = torch.arange(past + t, device=q.device)[None, :] <= rows  # [T, S+T]
-        return F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=mask, enable_gqa=True)
-
-
-def doc_start_rows(doc_ids: Tensor) -> Tensor:
-    """doc_ids [B, T] (each document contiguous) → [B, T]: the row where each token's document starts."""
-    idx = torch.arange(doc_ids.shape[1], device=doc_ids.device).expand_as(doc_ids)
-    starts = torch.ones_like(doc_ids, dtype=torch.bool)
-    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
-    return torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
-
-
-def ttt_mask(t: int, step: int, device: torch.device | None = None, doc_ids: Tensor | None = None) -> Tensor:
-    """Bool [T, (step+1)·T]: step-0 block causal, blocks 1..step diagonal (row t sees row t).
-    With doc_ids [B, T] (packed rows): [B, 1, T, (step+1)·T], the step-0 block also within a document."""
-    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    eye = torch.eye(t, dtype=torch.bool, device=device)
-    if doc_ids is None:
-        return torch.cat([causal] + [eye] * step, dim=1)
-    same = (doc_ids[:, :, None] == doc_ids[:, None, :]) & causal  # [B, T, T]
-    return torch.cat([same] + [eye.expand_as(same)] * step, dim=2)[:, None]
-
-
-class TTTCache:
-    """Per-step key/value blocks [B, kv, T, D] for training-time test.
-
-    ``backend``: "sdpa" (dense bool mask over all blocks; CPU and fallback) or "flex"
-    (flex attention with a block-sparse mask that skips the empty off-diagonal blocks).
-    ``doc_ids`` [B, T]: packed rows, where a row attends only to its own document; their flex
-    block lists for ``steps`` steps are derived here once, or come made with the batch on the
-    host (``block_lists``: :func:`eagle3.drafter.flex.pack_block_lists`, on doc_ids' device).
-    """
-
-    def __init__(self, backend: str = "sdpa", doc_ids: Tensor | None = None, steps: int = 1,
-                 block_lists: tuple[Tensor, Any] | None = None) -> None:
-        self.k: list[Tensor] = []
-        self.v: list[Tensor] = []
-        self.backend = backend
-        self.doc_ids, self.steps, self.block_lists = doc_ids, steps, block_lists
-        self._doc_masks = None  # flex's block masks of the packed rows, one per step
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        self.k.append(k)
-        self.v.append(v)
-        step, t, docs = len(self.k) - 1, q.shape[2], self.doc_ids
-        if step == 0 and docs is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        keys, values = torch.cat(self.k, dim=2), torch.cat(self.v, dim=2)  # [B, kv, (step+1)T, D]
-        if self.backend == "flex":
-            from eagle3.drafter.flex import BLOCK, DocBlockMasks, ttt_flex_attention, unpack_block_lists
-
-            if docs is None or t % BLOCK == 0:  # packed rows of whole blocks only
-                if docs is not None and self._doc_masks is None:
-                    lists = None if self.block_lists is None else unpack_block_lists(*self.block_lists)
-                    self._doc_masks = DocBlockMasks(docs, lists, self.steps)
-                out = ttt_flex_attention(q, keys, values, step, self._doc_masks)
-                if out is not None:
-                    return out
-        if q.is_cuda and q.shape[1] != keys.shape[1]:
-            # Expanded kv heads keep the masked call on the memory-efficient kernel.
-            rep = q.shape[1] // keys.shape[1]
-            keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, step, q.device, docs), enable_gqa=True)
 
 
 class Eagle3Attention(nn.Module):
@@ -341,9 +258,3 @@ class Eagle3Drafter(nn.Module):
         cache = KVCache() if cache is None else cache
         out = self.step_hidden(input_ids, hidden, position_ids, cache)
         return out, self.logits(out), cache
-
-    def exportable_state_dict(self) -> dict[str, Tensor]:
-        from eagle3.drafter.adapter import EXPORT_KEYS
-
-        sd = self.state_dict()
-        return {k: sd[k] for k in EXPORT_KEYS}

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from eagle3.drafter.model import Eagle3Drafter
 from eagle3.evaluate.spec_decode import DecodeResult, SpeculativeDecoder, _done, _finish, new_cache
-from eagle3.extract.capture import HiddenCapture
+from eagle3.targets.capture import HiddenCapture
 
 MASKABLE_ATTENTION = ("eager", "sdpa")  # implementations that add a given 4D mask as it is
 

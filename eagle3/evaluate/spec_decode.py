@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from eagle3.drafter.model import Eagle3Drafter, KVCache
-from eagle3.extract.capture import HiddenCapture
+from eagle3.drafter.caches import KVCache
+from eagle3.drafter.model import Eagle3Drafter
+from eagle3.targets.capture import HiddenCapture
 
 
 @dataclass

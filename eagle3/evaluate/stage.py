@@ -26,7 +26,7 @@ from safetensors import safe_open
 
 from eagle3.context import StageContext
 from eagle3.errors import StageError
-from eagle3.evaluate.settings import EvaluateSettings
+from eagle3.settings.evaluate import EvaluateSettings
 from eagle3.evaluate.prompts import held_out_prompts
 from eagle3.evaluate.report import plot_acceptance, summarize, summarize_counts
 from eagle3.export.stage import CONFIG as EXPORT_CONFIG
@@ -34,7 +34,7 @@ from eagle3.export.stage import MODEL as EXPORT_MODEL
 from eagle3.export.vllm_config import drafter_config_from_export
 from eagle3.manifest import Manifest
 from eagle3.store import ObjectStore
-from eagle3.targets.settings import TargetSettings
+from eagle3.settings.target import TargetSettings
 
 REPORT = "report.json"
 PLOT = "acceptance.png"
@@ -95,8 +95,8 @@ def open_hf_decoder(target_settings: TargetSettings, ev: EvaluateSettings, expor
     from eagle3.drafter.adapter import load_drafter
     from eagle3.evaluate.batched import BatchedSpeculativeDecoder
     from eagle3.evaluate.spec_decode import DecodeResult, SpeculativeDecoder, greedy_generate
-    from eagle3.extract.capture import HiddenCapture, find_decoder_stack
-    from eagle3.extract.loading import load_target, resolve_device
+    from eagle3.targets.capture import HiddenCapture, find_decoder_stack
+    from eagle3.targets.placement import load_target, resolve_device
     from eagle3.targets.load import load_tokenizer, num_layers
 
     dcfg = drafter_config_from_export(export_config)
@@ -145,7 +145,7 @@ def hf_report(k: int, results: list[PromptResult]) -> dict[str, Any]:
 
 
 def _check_workers_fit(ev: EvaluateSettings, target_settings: TargetSettings, workers: int) -> None:
-    from eagle3.extract.loading import needs_device_map, resolve_device
+    from eagle3.targets.placement import needs_device_map, resolve_device
     from eagle3.targets.load import resolve_target
 
     device = resolve_device(ev.device)  # fail here, in one line, not in every worker

@@ -21,8 +21,8 @@ from eagle3.context import StageContext
 from eagle3.data.tokenized import TOKENIZED, read_tokenized
 from eagle3.errors import StageError
 from eagle3.extract.batching import plan_shards
-from eagle3.extract.capture import HiddenCapture, find_decoder_stack
-from eagle3.extract.loading import load_target, resolve_device
+from eagle3.targets.capture import HiddenCapture, find_decoder_stack
+from eagle3.targets.placement import load_target, resolve_device
 from eagle3.extract.run import HostStaging, ShardStats, extract_shard
 from eagle3.extract.shards import INDEX, SHARD_DIR, STORAGE_DTYPES, TARGET_HEAD, read_shard, shard_name
 from eagle3.extract.writer import ShardWriter
@@ -55,7 +55,7 @@ def target_head(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    from eagle3.extract.loading import needs_device_map
+    from eagle3.targets.placement import needs_device_map
     from eagle3.targets.load import hidden_size, load_target_config, num_layers, resolve_target, target_vocab_size
 
     from eagle3.targets.fit import check_fit

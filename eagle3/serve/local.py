@@ -23,9 +23,9 @@ from pathlib import Path
 
 from eagle3.errors import StageError
 from eagle3.serve.process import ServerProcess
-from eagle3.serve.settings import ServeSettings
+from eagle3.settings.serve import ServeSettings
 from eagle3.targets.load import resolve_target
-from eagle3.targets.settings import TargetSettings
+from eagle3.settings.target import TargetSettings
 
 STOP_GRACE_S = 10.0  # a tiny CPU server exits at once on SIGTERM; vLLM's grace is process.STOP_GRACE_S
 

@@ -7,8 +7,8 @@ import os
 import shutil
 import subprocess
 
-from eagle3.serve.settings import ServeSettings
-from eagle3.targets.settings import TargetSettings
+from eagle3.settings.serve import ServeSettings
+from eagle3.settings.target import TargetSettings
 
 
 def vllm_installed() -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3.errors import StageError
-from eagle3.targets.settings import TargetSettings
+from eagle3.settings.target import TargetSettings
 
 if TYPE_CHECKING:
     import torch

@@ -118,7 +118,7 @@ class Batch:
     doc_ids: Tensor | None = None  # int32 [B, T], packed rows: which sample each token is of (-1: padding)
     row_counts: list[int] | None = None  # eagle3.drafter.loss.row_counts, counted where the batch is made
     # Packed rows on flex attention: every TTT step's block lists, made where the batch is made
-    # (eagle3.drafter.flex.pack_block_lists: one flat int32 tensor and where each list lies in it).
+    # (eagle3.drafter.masks.pack_block_lists: one flat int32 tensor and where each list lies in it).
     block_lists: Tensor | None = None
     block_layout: Any = None
     # fp8 shards collated with raw_fp8: aux/final hidden stay float8 (half the bytes to copy) with

@@ -1,5 +1,8 @@
 """The training loop: one code path for 1 CPU process, 1 GPU, N GPUs or several nodes.
 
+:class:`Trainer` sequences its parts: :func:`resume` (the newest checkpoint into the model,
+optimizers and RNG), :func:`train_step` (forward, backward, clip, optimizer step),
+:class:`StepLog` (metrics records), :class:`Checkpointer` and :func:`final_stats`.
 Ranks run in lockstep: before each step they agree (one all-reduce) whether every rank
 still has a batch and whether any was asked to stop (SIGTERM). A stop writes a
 checkpoint at that step boundary and raises :class:`TrainingInterrupted`.
@@ -8,11 +11,10 @@ checkpoint at that step boundary and raises :class:`TrainingInterrupted`.
 from __future__ import annotations
 
 import math
-import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +27,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 
-from eagle3.drafter.flex import pack_block_lists
 from eagle3.drafter.loss import TTTObjective, chain_rates, row_counts
+from eagle3.drafter.masks import pack_block_lists
 from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3.errors import StageError
 from eagle3.extract.shards import HiddenShard
@@ -34,47 +36,19 @@ from eagle3.manifest import StageOutput
 from eagle3.store import ObjectStore
 from eagle3.train import checkpoint as ckpt_io
 from eagle3.train.data import Batch, DataPlan
+from eagle3.train.distributed import DistEnv, agree, sum_over_ranks
 from eagle3.train.metrics import MetricsLog
 from eagle3.train.optim import Optimizers
 from eagle3.train.prefetch import AheadOnDevice, Prefetcher
 from eagle3.train.profiling import StepProfiler
 from eagle3.train.schedule import lr_factor
-from eagle3.train.settings import TrainSettings
+from eagle3.settings.train import TrainSettings
 
 EVAL_MAX_BATCHES = 50
 
 
 class TrainingInterrupted(StageError):
     """Stopped on request after writing a checkpoint; a rerun resumes from it."""
-
-
-@dataclass
-class DistEnv:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
-
-
-def init_distributed(device_setting: str) -> DistEnv:
-    """Join the torchrun process group from env (gloo on CPU, nccl on CUDA); world 1 otherwise."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device_setting == "cuda" or (device_setting == "auto" and torch.cuda.is_available())
-    if use_cuda and not torch.cuda.is_available():
-        raise StageError("train.device=cuda but no CUDA device is visible")
-    if device_setting not in ("auto", "cpu", "cuda"):
-        raise StageError(f"train.device={device_setting!r}: use auto, cpu or cuda")
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
-    return DistEnv(rank, world, local_rank, device)
 
 
 class StopFlag:
@@ -112,22 +86,6 @@ class TrainJob:
     output: StageOutput | None  # rank 0 only
     scratch: Path
     progress: Callable[..., None] = lambda *a, **k: None
-
-
-def _reduce(t: torch.Tensor, env: DistEnv, op: Any = None) -> torch.Tensor:
-    if env.distributed:
-        dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
-    return t
-
-
-def _agree(env: DistEnv, no_batch: bool, stop: bool) -> tuple[bool, bool]:
-    """(any rank out of batches, any rank asked to stop): one all-reduce across ranks, none
-    (and no device synchronisation) in a single process."""
-    if not env.distributed:
-        return no_batch, stop
-    flags = torch.tensor([float(no_batch), float(stop)], device=env.device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return bool(flags[0].item()), bool(flags[1].item())
 
 
 def _build(job: TrainJob, env: DistEnv) -> tuple[torch.nn.Module, TTTObjective]:
@@ -202,14 +160,14 @@ def _eval(wrapped: torch.nn.Module, objective: TTTObjective, job: TrainJob, env:
     with torch.no_grad(), objective.eager():
         for _ in range(EVAL_MAX_BATCHES):
             batch = next(it, None)
-            if _agree(env, batch is None, False)[0]:
+            if agree(env, batch is None, False)[0]:
                 break
             b = batch.to(env.device)
             with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=env.device.type == "cuda"):
                 _, sl, sa, sc, chain = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask, chain=True)
             sums += torch.cat([torch.stack([sl.double() * sc, sa.double() * sc, sc.double()]), chain.double()])
     wrapped.train()
-    _reduce(sums, env)
+    sum_over_ranks(sums, env)
     n = sums[2].clamp_min(1)
     if sums[2].sum() == 0:
         return {}
@@ -221,20 +179,32 @@ def _eval(wrapped: torch.nn.Module, objective: TTTObjective, job: TrainJob, env:
     return out
 
 
-def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, Any]:
-    """Train (resuming from the newest complete checkpoint); returns stats. Rank 0 writes the store."""
-    s = job.settings
-    wrapped, objective = _build(job, env)
-    params = [p for p in objective.parameters() if p.requires_grad]
-    fused = env.device.type == "cuda" and s.strategy != "fsdp"
-    per_epoch = job.plan.estimated_batches_per_epoch()
-    horizon = math.ceil(s.epochs * per_epoch)
-    if s.max_steps is not None:
-        horizon = min(horizon, s.max_steps)
-    optimizers = Optimizers(objective, s, lambda st: lr_factor(st, s.warmup_steps, horizon, s.min_lr_ratio), fused)
-    dtype = torch.bfloat16 if env.device.type == "cuda" else torch.float32
-    pad_to = 128 if env.device.type == "cuda" else 1
+@dataclass
+class Position:
+    """Where training stands: what a checkpoint records beside the weights."""
 
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batch_index: int = 0  # batches of this epoch done
+    tokens: int = 0  # tokens trained on, all ranks
+
+
+@dataclass
+class StepOut:
+    """One optimizer step's loss and per-TTT-step stats (on the device, not yet reduced over ranks)."""
+
+    loss: Tensor
+    step_loss: Tensor
+    step_acc: Tensor
+    step_count: Tensor
+    grad_norm: Any
+    lr: float  # the scheduled lr the step used
+
+
+def resume(job: TrainJob, env: DistEnv, wrapped: torch.nn.Module,
+           optimizers: Optimizers) -> tuple[int | None, Position, list[dict[str, Any]]]:
+    """Load the newest complete checkpoint into the model and optimizers; (its step, or None when
+    training starts afresh, the position it records, the metrics records up to it)."""
     # Resume: rank 0 knows the journaled checkpoints; every rank reads the same one.
     latest = None
     records: list[dict[str, Any]] = []
@@ -244,121 +214,210 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
         box = [latest]
         dist.broadcast_object_list(box, src=0)
         latest = box[0]
-    step, epoch, batch_idx, tokens_seen = 0, 0, 0, 0
+    at = Position()
     if latest is not None:
         ck = ckpt_io.load_checkpoint(job.store, job.stage_prefix, latest)
         set_model_state_dict(wrapped, ck.model, options=StateDictOptions(full_state_dict=True, strict=False))
         optimizers.load_state_dict(wrapped, ck.optim)
         if len(ck.rng) == env.world:
             ckpt_io.set_rng_state(ck.rng[env.rank])
-        step, epoch, batch_idx, tokens_seen = ck.step, ck.state["epoch"], ck.state["batch_index"], ck.state["tokens"]
-        records = [r for r in ck.state.get("metrics", []) if r["step"] <= step]
-    log = MetricsLog(job.scratch / "metrics", records) if job.output is not None else None
+        at = Position(ck.step, ck.state["epoch"], ck.state["batch_index"], ck.state["tokens"])
+        records = [r for r in ck.state.get("metrics", []) if r["step"] <= at.step]
+    return latest, at, records
 
-    def save(step: int) -> None:
-        model_sd = _full_model_state(wrapped)
-        optim_sd = optimizers.state_dict(wrapped)
+
+def train_step(wrapped: torch.nn.Module, b: Batch, params: list[torch.nn.Parameter], optimizers: Optimizers,
+               grad_clip: float, device: torch.device) -> StepOut:
+    """Forward (bf16 autocast on CUDA), backward, clip and one optimizer step on a batch."""
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        lists = None if b.block_lists is None else (b.block_lists, b.block_layout)
+        loss, step_loss, step_acc, step_count = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask, b.doc_ids,
+                                                        counts=b.row_counts, block_lists=lists)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    if hasattr(grad_norm, "full_tensor"):
+        grad_norm = grad_norm.full_tensor()
+    lr = optimizers.lr
+    optimizers.step()
+    return StepOut(loss, step_loss, step_acc, step_count, grad_norm, lr)
+
+
+class StepLog:
+    """Metrics records: the last batch's stats reduced over ranks, with the throughput and the
+    share of time spent waiting for data over the window since the previous record."""
+
+    def __init__(self, job: TrainJob, env: DistEnv, log: MetricsLog | None, horizon: int, step: int) -> None:
+        self.job, self.env, self.log, self.horizon = job, env, log, horizon
+        self.logged = step  # the step of the last record
+        self.window_t, self.window_tokens, self.window_wait = time.perf_counter(), 0, 0.0
+
+    def waited(self, seconds: float) -> None:
+        """Time the loop waited for a batch."""
+        self.window_wait += seconds
+
+    def trained(self, tokens: int) -> None:
+        """Tokens of a step (all ranks)."""
+        self.window_tokens += tokens
+
+    def record(self, at: Position, out: StepOut) -> None:
+        """Reduce the last batch's stats over ranks and log one metrics record (every rank calls this)."""
+        steps, env = self.job.settings.ttt_steps, self.env
+        stats = torch.stack([out.loss.detach().float(), *(out.step_loss * out.step_count),
+                             *(out.step_acc * out.step_count), *out.step_count.float()])
+        sum_over_ranks(stats, env)
+        n = stats[1 + 2 * steps :].clamp_min(1)
+        rec = {"step": at.step, "epoch": at.epoch, "loss": float(stats[0] / env.world), "lr": out.lr,
+               "grad_norm": float(out.grad_norm)}
+        rec.update({f"loss_{k}": float(stats[1 + k] / n[k]) for k in range(steps)})
+        rec.update({f"acc_{k}": float(stats[1 + steps + k] / n[k]) for k in range(steps)})
+        now = time.perf_counter()
+        rec["tokens_per_s"] = round(self.window_tokens / max(now - self.window_t, 1e-9), 1)
+        # Share of the window the loop waited for its next batch (input-bound when large).
+        rec["data_wait_frac"] = round(self.window_wait / max(now - self.window_t, 1e-9), 4)
+        rec["tokens"] = at.tokens
+        rec["taught_tokens"] = int(stats[1 + 2 * steps])  # this batch's positions taught at TTT step 0 (all ranks)
+        self.window_t, self.window_tokens, self.window_wait = now, 0, 0.0
+        self.logged = at.step
+        if self.log is not None:
+            self.log.log(rec)
+        self.job.progress(at.step, self.horizon, "steps", loss=round(rec["loss"], 4), acc_0=round(rec["acc_0"], 4))
+
+
+class Checkpointer:
+    """Writes a checkpoint at a step boundary: every rank hands over its part, rank 0 writes it
+    with the metrics so far."""
+
+    def __init__(self, job: TrainJob, env: DistEnv, wrapped: torch.nn.Module, optimizers: Optimizers,
+                 log: MetricsLog | None, step: int) -> None:
+        self.job, self.env, self.wrapped, self.optimizers, self.log = job, env, wrapped, optimizers, log
+        self.last = step  # the step of the newest checkpoint
+
+    def save(self, at: Position) -> None:
+        job, env, log = self.job, self.env, self.log
+        model_sd = _full_model_state(self.wrapped)
+        optim_sd = self.optimizers.state_dict(self.wrapped)
         rng = _gather_rng(env)
         if job.output is not None and log is not None:
-            state = {"epoch": epoch, "batch_index": batch_idx, "tokens": tokens_seen, "world_size": env.world, "metrics": log.records}
-            ck = ckpt_io.Checkpoint(step, model_sd, optim_sd, rng, state)
+            state = {"epoch": at.epoch, "batch_index": at.batch_index, "tokens": at.tokens, "world_size": env.world,
+                     "metrics": log.records}
+            ck = ckpt_io.Checkpoint(at.step, model_sd, optim_sd, rng, state)
             ckpt_io.save_checkpoint(job.output, ck, job.scratch / "ckpt")
-            _upload_metrics(job.output, log)
+            log.upload(job.output)
         if env.distributed:
             dist.barrier()
+        self.last = at.step
 
-    full_epochs, frac = int(s.epochs), s.epochs - int(s.epochs)
-    total_epochs = full_epochs + (1 if frac > 0 else 0)
-    max_steps = s.max_steps if s.max_steps is not None else 1 << 62
-    t_start, tokens_at_start, last_ckpt = time.perf_counter(), tokens_seen, step
-    window_t, window_tokens, window_wait = time.perf_counter(), 0, 0.0
 
-    def record(step: int, loss: Tensor, step_loss: Tensor, step_acc: Tensor, step_count: Tensor, grad_norm: Any, lr: float) -> None:
-        """Reduce the last batch's stats over ranks and log one metrics record (every rank calls this)."""
-        nonlocal window_t, window_tokens, window_wait
-        stats = torch.stack([loss.detach().float(), *(step_loss * step_count), *(step_acc * step_count), *step_count.float()])
-        _reduce(stats, env)
-        n = stats[1 + 2 * s.ttt_steps :].clamp_min(1)
-        rec = {"step": step, "epoch": epoch, "loss": float(stats[0] / env.world), "lr": lr, "grad_norm": float(grad_norm)}
-        rec.update({f"loss_{k}": float(stats[1 + k] / n[k]) for k in range(s.ttt_steps)})
-        rec.update({f"acc_{k}": float(stats[1 + s.ttt_steps + k] / n[k]) for k in range(s.ttt_steps)})
-        now = time.perf_counter()
-        rec["tokens_per_s"] = round(window_tokens / max(now - window_t, 1e-9), 1)
-        # Share of the window the loop waited for its next batch (input-bound when large).
-        rec["data_wait_frac"] = round(window_wait / max(now - window_t, 1e-9), 4)
-        rec["tokens"] = tokens_seen
-        rec["taught_tokens"] = int(stats[1 + 2 * s.ttt_steps])  # this batch's positions taught at TTT step 0 (all ranks)
-        window_t, window_tokens, window_wait = now, 0, 0.0
-        if log is not None:
-            log.log(rec)
-        job.progress(step, horizon, "steps", loss=round(rec["loss"], 4), acc_0=round(rec["acc_0"], 4))
+def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, Any]:
+    """Train (resuming from the newest complete checkpoint); returns stats. Rank 0 writes the store."""
+    return Trainer(job, env, stop).run()
 
-    logged = step
-    cuda = env.device.type == "cuda"
-    profiler = StepProfiler(s.profile_range if job.output is not None else None, env.device, job.scratch / "profile")
-    wrapped.train()
-    while epoch < total_epochs and step < max_steps:
-        limit = math.ceil(frac * per_epoch) if epoch == full_epochs else None
+
+class Trainer:
+    """One training on this rank: built, resumed, stepped epoch by epoch (ranks in lockstep),
+    checkpointed, evaluated on the held-out samples."""
+
+    def __init__(self, job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> None:
+        s = job.settings
+        self.job, self.env, self.stop, self.s = job, env, stop, s
+        self.wrapped, self.objective = _build(job, env)
+        self.params = [p for p in self.objective.parameters() if p.requires_grad]
+        fused = env.device.type == "cuda" and s.strategy != "fsdp"
+        self.per_epoch = job.plan.estimated_batches_per_epoch()
+        horizon = math.ceil(s.epochs * self.per_epoch)
+        if s.max_steps is not None:
+            horizon = min(horizon, s.max_steps)
+        self.optimizers = Optimizers(self.objective, s, lambda st: lr_factor(st, s.warmup_steps, horizon, s.min_lr_ratio), fused)
+        self.dtype = torch.bfloat16 if env.device.type == "cuda" else torch.float32
+        self.pad_to = 128 if env.device.type == "cuda" else 1
+        self.latest, self.at, records = resume(job, env, self.wrapped, self.optimizers)
+        self.log = MetricsLog(job.scratch / "metrics", records) if job.output is not None else None
+        self.checkpoints = Checkpointer(job, env, self.wrapped, self.optimizers, self.log, self.at.step)
+        self.step_log = StepLog(job, env, self.log, horizon, self.at.step)
+        self.profiler = StepProfiler(s.profile_range if job.output is not None else None, env.device, job.scratch / "profile")
+        self.max_steps = s.max_steps if s.max_steps is not None else 1 << 62
+        self.last: StepOut | None = None  # the latest step's output
+
+    def run(self) -> dict[str, Any]:
+        at, s = self.at, self.s
+        t_start, tokens_at_start = time.perf_counter(), at.tokens
+        full_epochs, frac = int(s.epochs), s.epochs - int(s.epochs)
+        total_epochs = full_epochs + (1 if frac > 0 else 0)
+        self.wrapped.train()
+        while at.epoch < total_epochs and at.step < self.max_steps:
+            limit = math.ceil(frac * self.per_epoch) if at.epoch == full_epochs else None
+            if not self.epoch(limit):
+                break  # max_steps reached inside the epoch: the position stays mid-epoch
+            at.epoch, at.batch_index = at.epoch + 1, 0
+        self.profiler.finish(at.step)  # the data ran out inside the profiled steps
+        if at.step > self.step_log.logged and self.last is not None:
+            self.step_log.record(at, self.last)  # the data ran out between log_every boundaries: always log the last step
+        if at.step > self.checkpoints.last:
+            self.checkpoints.save(at)
+        elapsed = time.perf_counter() - t_start
+        job, env = self.job, self.env
+        eval_metrics = _eval(self.wrapped, self.objective, job, env, self.dtype, self.pad_to) if job.plan.eval_fraction > 0 else {}
+        final_sd = _full_model_state(self.wrapped)
+        stats = final_stats(self, (at.tokens - tokens_at_start) / max(elapsed, 1e-9), eval_metrics)
+        if self.log is not None:
+            self.log.close()
+        return {"stats": stats, "state": ckpt_io.drafter_weights(final_sd), "log": self.log, "profile": self.profiler.files()}
+
+    def epoch(self, limit: int | None) -> bool:
+        """Step through the current epoch (its first ``limit`` batches, when given) from the
+        position's batch; False when max_steps was reached inside it."""
+        at, env, s = self.at, self.env, self.s
+        cuda = env.device.type == "cuda"
         # On CUDA fp8 shards travel as fp8 (half the bytes to copy) and are dequantized on the GPU:
         # dequantizing 16K tokens on the prefetch thread leaves the GPU waiting for data.
-        batches = job.plan.iterate(job.open_shard, epoch, dtype, skip=batch_idx, pad_to=pad_to, pin=cuda, raw_fp8=cuda)
-        with Prefetcher(_prepared(batches, s.ttt_steps, objective.attention == "flex", cuda)) as it:
+        batches = self.job.plan.iterate(self.job.open_shard, at.epoch, self.dtype, skip=at.batch_index, pad_to=self.pad_to,
+                                        pin=cuda, raw_fp8=cuda)
+        with Prefetcher(_prepared(batches, s.ttt_steps, self.objective.attention == "flex", cuda)) as it:
             on_device = AheadOnDevice(it, env.device, side_stream=s.copy_ahead)
-            while step < max_steps:
+            while at.step < self.max_steps:
                 waited = time.perf_counter()
-                b: Batch | None = on_device.take() if limit is None or batch_idx < limit else None
+                b: Batch | None = on_device.take() if limit is None or at.batch_index < limit else None
                 waited = time.perf_counter() - waited
-                window_wait += waited
-                profiler.add_wait(waited)
-                no_batch, stopping = _agree(env, b is None, stop())
+                self.step_log.waited(waited)
+                self.profiler.add_wait(waited)
+                no_batch, stopping = agree(env, b is None, self.stop())
                 if stopping:
-                    if step > last_ckpt:
-                        save(step)
-                    raise TrainingInterrupted(f"training stopped on request at step {step}; checkpoint saved, rerun to resume")
+                    if at.step > self.checkpoints.last:
+                        self.checkpoints.save(at)
+                    raise TrainingInterrupted(f"training stopped on request at step {at.step}; checkpoint saved, rerun to resume")
                 if no_batch or b is None:
-                    break
-                b = b.dequantized(dtype)
-                profiler.before_step(step)
-                with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=cuda):
-                    lists = None if b.block_lists is None else (b.block_lists, b.block_layout)
-                    loss, step_loss, step_acc, step_count = wrapped(b.input_ids, b.aux_hidden, b.final_hidden, b.loss_mask, b.doc_ids,
-                                                                    counts=b.row_counts, block_lists=lists)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
-                if hasattr(grad_norm, "full_tensor"):
-                    grad_norm = grad_norm.full_tensor()
-                lr = optimizers.lr
-                optimizers.step()
-                step, batch_idx = step + 1, batch_idx + 1
-                batch_tokens = int(_reduce(torch.tensor([b.tokens], device=env.device), env).item()) if env.distributed else b.tokens
-                tokens_seen += batch_tokens
-                window_tokens += batch_tokens
-                profiler.after_step(step)
-                if step % s.log_every == 0 or step == max_steps:
-                    record(step, loss, step_loss, step_acc, step_count, grad_norm, lr)
-                    logged = step
-                if step % s.checkpoint_every == 0:
-                    save(step)
-                    last_ckpt = step
-            else:
-                break  # max_steps reached inside the epoch: the position stays mid-epoch
-        epoch, batch_idx = epoch + 1, 0
-    profiler.finish(step)  # the data ran out inside the profiled steps
-    if step > logged:  # the data ran out between log_every boundaries: always log the last step
-        record(step, loss, step_loss, step_acc, step_count, grad_norm, lr)
-    if step > last_ckpt:
-        save(step)
-    elapsed = time.perf_counter() - t_start
-    eval_metrics = _eval(wrapped, objective, job, env, dtype, pad_to) if job.plan.eval_fraction > 0 else {}
-    final_sd = _full_model_state(wrapped)
+                    return True
+                self.step(b.dequantized(self.dtype))
+        return False
+
+    def step(self, b: Batch) -> None:
+        """One optimizer step, then the record and the checkpoint that fall due at it."""
+        at, env, s = self.at, self.env, self.s
+        self.profiler.before_step(at.step)
+        self.last = train_step(self.wrapped, b, self.params, self.optimizers, s.grad_clip, env.device)
+        at.step, at.batch_index = at.step + 1, at.batch_index + 1
+        batch_tokens = int(sum_over_ranks(torch.tensor([b.tokens], device=env.device), env).item()) if env.distributed else b.tokens
+        at.tokens += batch_tokens
+        self.step_log.trained(batch_tokens)
+        self.profiler.after_step(at.step)
+        if at.step % s.log_every == 0 or at.step == self.max_steps:
+            self.step_log.record(at, self.last)
+        if at.step % s.checkpoint_every == 0:
+            self.checkpoints.save(at)
+
+
+def final_stats(trainer: Trainer, tokens_per_s: float, eval_metrics: dict[str, float]) -> dict[str, Any]:
+    """The stage's stats: steps, tokens, throughput, where it ran, the last record's loss and
+    accuracy, the held-out metrics, and the profile and peak memory when measured."""
+    at, env, s, log, profiler = trainer.at, trainer.env, trainer.s, trainer.log, trainer.profiler
     stats: dict[str, Any] = {
-        "steps": step,
-        "tokens": tokens_seen,
-        "tokens_per_s": round((tokens_seen - tokens_at_start) / max(elapsed, 1e-9), 1),
+        "steps": at.step,
+        "tokens": at.tokens,
+        "tokens_per_s": round(tokens_per_s, 1),
         "world_size": env.world,
         "strategy": s.strategy if env.distributed else "single",
         "device": env.device.type,
-        "resumed_from_step": latest,
+        "resumed_from_step": trainer.latest,
         **eval_metrics,
     }
     if profiler.summary is not None:
@@ -369,9 +428,7 @@ def train(job: TrainJob, env: DistEnv, stop: Callable[[], bool]) -> dict[str, An
         last = log.records[-1]
         stats["final_loss"] = last["loss"]
         stats.update({f"final_{k}": v for k, v in last.items() if k.startswith(("loss_", "acc_"))})
-    if log is not None:
-        log.close()
-    return {"stats": stats, "state": ckpt_io.drafter_weights(final_sd), "log": log, "profile": profiler.files()}
+    return stats
 
 
 def _adopt_latest(output: StageOutput) -> int | None:
@@ -391,10 +448,3 @@ def _adopt_latest(output: StageOutput) -> int | None:
     for n in output.recovered("tensorboard/"):
         output.adopt(n)  # event files up to the checkpoint; the resumed run adds a new one
     return steps[-1]
-
-
-def _upload_metrics(output: StageOutput, log: MetricsLog) -> None:
-    log.flush()
-    output.put_file("metrics.jsonl", log.path)
-    for p in log.tb_files():
-        output.put_file(f"tensorboard/{p.relative_to(log.tb_dir).as_posix()}", p)

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eagle3.manifest import StageOutput
+
 
 class MetricsLog:
     """Appends one JSON record per logged step to a local file and to TensorBoard (rank 0 only)."""
@@ -35,6 +37,13 @@ class MetricsLog:
 
     def tb_files(self) -> list[Path]:
         return sorted(p for p in self.tb_dir.rglob("*") if p.is_file())
+
+    def upload(self, output: StageOutput) -> None:
+        """metrics.jsonl and the TensorBoard event files so far into the stage output."""
+        self.flush()
+        output.put_file("metrics.jsonl", self.path)
+        for p in self.tb_files():
+            output.put_file(f"tensorboard/{p.relative_to(self.tb_dir).as_posix()}", p)
 
     def close(self) -> None:
         self.tb.close()

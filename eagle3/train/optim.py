@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from eagle3.errors import StageError
-from eagle3.train.settings import TrainSettings
+from eagle3.settings.train import TrainSettings
 
 VOCAB_MATRICES = ("lm_head.weight", "embed_tokens.weight")  # embedding-like: AdamW, as speculators splits
 

@@ -25,7 +25,8 @@ from eagle3.extract.shards import INDEX, TARGET_HEAD, HiddenShard, read_shard
 from eagle3.manifest import Manifest
 from eagle3.store import ObjectStore
 from eagle3.train.data import DataPlan, shard_refs
-from eagle3.train.loop import StopFlag, TrainJob, init_distributed, train
+from eagle3.train.distributed import init_distributed
+from eagle3.train.loop import StopFlag, TrainJob, train
 from eagle3.train.metrics import parse_metrics, plot_loss
 from eagle3.vocab.mapping import draft_to_target, load_vocab_mapping
 
@@ -118,9 +119,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         out.put_file(WEIGHTS, final / WEIGHTS)
         out.put_file(CONFIG, final / CONFIG)
         log = result["log"]
-        out.put_file("metrics.jsonl", log.path)
-        for p in log.tb_files():
-            out.put_file(f"tensorboard/{p.relative_to(log.tb_dir).as_posix()}", p)
+        log.upload(out)
         plot_loss(log.records, final / "loss.png", s.ttt_steps)
         out.put_file("loss.png", final / "loss.png")
         for p in result["profile"]:

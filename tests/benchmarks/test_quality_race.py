@@ -14,7 +14,7 @@ import yaml
 from eagle3.manifest import StageOutput
 from eagle3.store import open_store
 from eagle3.train.checkpoint import FILES, step_dir
-from eagle3.train.settings import TrainSettings
+from eagle3.settings.train import TrainSettings
 from tests.benchmarks.quality_modules import load
 
 run_quality, curve, summarize = load("run_quality"), load("curve"), load("summarize")

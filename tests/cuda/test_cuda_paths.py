@@ -77,7 +77,7 @@ def test_packed_rows_compiled_flex_matches_dense_sdpa(capfd):
     with other documents reuses the compiled graphs (one shape, one compile)."""
     import torch._dynamo.utils as dynamo_utils
 
-    from eagle3.drafter.flex import pack_block_lists
+    from eagle3.drafter.masks import pack_block_lists
 
     rows = ([0, 100, 300, 520, 700, 768], [0, 128, 129, 640, 768])
     compiled = objective(True, "flex")
@@ -174,7 +174,7 @@ def test_pipelined_extraction_equals_batch_by_batch_on_cuda(tiny_target_dir, sto
     """Pinned async copies placed one batch behind give the same shard as waiting for each batch."""
     from eagle3.data.tokenized import from_lists
     from eagle3.extract.batching import plan_batches, plan_shards, right_pad
-    from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+    from eagle3.targets.capture import HiddenCapture, find_decoder_stack
     from eagle3.extract.run import ShardStats, extract_shard, to_storage
     from tests.extract.pipeline import random_samples
 

@@ -71,7 +71,7 @@ def test_nothing_counted_still_reaches_every_weight():
 
 def test_every_step_matches_plain_autograd_reference():
     """Loss and gradients of every TTT step (not only step 0) equal full-logit autograd KL."""
-    from eagle3.drafter.model import TTTCache
+    from eagle3.drafter.caches import TTTCache
 
     target, ids, aux, final, _ = teacher_batch(b=2, t=20)
     head = target.lm_head.weight.detach()[draft_ids()]
@@ -96,7 +96,7 @@ def test_every_step_matches_plain_autograd_reference():
 def test_chained_accuracy_counts_a_step_only_after_every_step_before_was_right():
     """chain=True: per step, rows right at steps 0..k-1 (and counted through k), those also right
     at k, and rows whose argmax repeats step 0's — checked against a brute-force count."""
-    from eagle3.drafter.model import TTTCache
+    from eagle3.drafter.caches import TTTCache
 
     target, ids, aux, final, _ = teacher_batch(b=2, t=20)
     head = target.lm_head.weight.detach()[draft_ids()]
@@ -128,7 +128,7 @@ def test_chained_accuracy_counts_a_step_only_after_every_step_before_was_right()
 def test_teacher_temperature_teaches_the_sharpened_target():
     """temperature T: every step's loss and gradients equal autograd KL against softmax(z / T); the
     accuracy (argmax agreement) is T's to leave alone; a T near 0 is cross-entropy on the target's argmax."""
-    from eagle3.drafter.model import TTTCache
+    from eagle3.drafter.caches import TTTCache
 
     target, ids, aux, final, _ = teacher_batch(b=2, t=20)
     head = target.lm_head.weight.detach()[draft_ids()]
@@ -163,7 +163,7 @@ def test_teacher_temperature_must_be_positive():
     import pytest
     from pydantic import ValidationError
 
-    from eagle3.train.settings import TrainSettings
+    from eagle3.settings.train import TrainSettings
 
     assert TrainSettings(teacher_temperature=0.25).teacher_temperature == 0.25
     for bad in (0, -1):
@@ -229,8 +229,9 @@ def test_feature_noise_is_a_train_setting_the_stage_hands_to_its_objective(tmp_p
     import pytest
     from pydantic import ValidationError
 
-    from eagle3.train.loop import DistEnv, TrainJob, _build
-    from eagle3.train.settings import TrainSettings
+    from eagle3.train.distributed import DistEnv
+    from eagle3.train.loop import TrainJob, _build
+    from eagle3.settings.train import TrainSettings
 
     with pytest.raises(ValidationError, match="feature_noise"):
         TrainSettings(feature_noise=-0.1)

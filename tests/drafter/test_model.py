@@ -1,10 +1,12 @@
 import pytest
 import torch
 
-from eagle3.drafter.adapter import EXPORT_KEYS, expected_shapes
+from eagle3.drafter.adapter import EXPORT_KEYS, expected_shapes, exportable_state_dict
 from eagle3.drafter.loss import step_inputs
-from eagle3.drafter.model import DrafterConfig, KVCache, TTTCache, ttt_mask
-from eagle3.drafter.settings import DrafterSettings
+from eagle3.drafter.caches import KVCache, TTTCache
+from eagle3.drafter.masks import ttt_mask
+from eagle3.drafter.model import DrafterConfig
+from eagle3.settings.drafter import DrafterSettings
 from eagle3.errors import ConfigError
 from tests.drafter.helpers import HIDDEN, tiny_config, tiny_drafter
 
@@ -16,7 +18,7 @@ def test_shapes_dtypes_and_export_names():
     out, logits, cache = m.step(ids, hidden, torch.arange(5).expand(2, 5))
     assert out.shape == (2, 5, HIDDEN) and logits.shape == (2, 5, 60)
     assert out.dtype == logits.dtype == torch.float32 and isinstance(cache, KVCache) and cache.length == 5
-    sd = m.exportable_state_dict()
+    sd = exportable_state_dict(m)
     assert list(sd) == list(EXPORT_KEYS)
     assert {k: tuple(v.shape) for k, v in sd.items()} == expected_shapes(m.config)
     assert m.midlayer.self_attn.q_proj.weight.shape == (4 * 8, 2 * HIDDEN)  # q/k/v take 2h

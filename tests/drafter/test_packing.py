@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from eagle3.drafter.loss import doc_positions, step_inputs, ttt_loss
-from eagle3.drafter.model import TTTCache, ttt_mask
+from eagle3.drafter.caches import TTTCache
+from eagle3.drafter.masks import ttt_mask
 from tests.drafter.helpers import draft_ids, teacher_batch, tiny_drafter
 
 LENGTHS = [13, 20, 7]
@@ -78,7 +79,7 @@ def test_document_block_lists_match_the_dense_mask(bounds):
     """The compiled kernel visits only the listed blocks and skips the mask inside full ones:
     a block is listed iff any of its positions is visible, and full iff all are; the query-side
     lists (walked by the backward pass) are the transposes."""
-    from eagle3.drafter.flex import BLOCK, DocBlockMasks
+    from eagle3.drafter.masks import BLOCK, DocBlockMasks
 
     docs = torch.cat([doc_ids_of(bounds), doc_ids_of([0, 300, 384])])  # a second row: masks are per row
     t, nb = docs.shape[1], docs.shape[1] // BLOCK
@@ -139,7 +140,7 @@ def test_row_counts_counted_on_the_host_select_the_same_rows(packed):
 def test_block_lists_made_on_the_host_and_packed_into_one_tensor_are_the_same_lists():
     """The training loop makes every step's block lists on the prefetch thread and copies them in
     one tensor; unpacked they are contiguous views equal to the lists derived from the batch."""
-    from eagle3.drafter.flex import LIST_NAMES, DocBlockMasks, pack_block_lists, unpack_block_lists
+    from eagle3.drafter.masks import LIST_NAMES, DocBlockMasks, pack_block_lists, unpack_block_lists
 
     docs = torch.cat([doc_ids_of([0, 70, 200, 330, 379, 384]), doc_ids_of([0, 300, 384])])
     flat, layout = pack_block_lists(docs, 4)

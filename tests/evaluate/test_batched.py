@@ -5,11 +5,12 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
 
-from eagle3.drafter.model import DrafterConfig, Eagle3Drafter, TTTCache
-from eagle3.drafter.settings import DrafterSettings
+from eagle3.drafter.caches import TTTCache
+from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3.settings.drafter import DrafterSettings
 from eagle3.evaluate.batched import BatchedSpeculativeDecoder, Slots
 from eagle3.evaluate.spec_decode import SpeculativeDecoder, greedy_generate
-from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+from eagle3.targets.capture import HiddenCapture, find_decoder_stack
 from eagle3.targets.aux_layers import default_aux_layer_ids
 
 SEEN = 5  # prompts the drafter is trained on (memorised: long acceptances), then one it has not seen

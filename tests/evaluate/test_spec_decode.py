@@ -3,11 +3,12 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from eagle3.drafter.model import DrafterConfig, Eagle3Drafter, KVCache
-from eagle3.drafter.settings import DrafterSettings
+from eagle3.drafter.caches import KVCache
+from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3.settings.drafter import DrafterSettings
 from eagle3.evaluate.report import acceptance_rates, summarize
 from eagle3.evaluate.spec_decode import SpeculativeDecoder, greedy_generate
-from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+from eagle3.targets.capture import HiddenCapture, find_decoder_stack
 from eagle3.targets.aux_layers import default_aux_layer_ids
 from eagle3.vocab.mapping import build_vocab_mapping
 

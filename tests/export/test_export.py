@@ -112,7 +112,9 @@ def test_export_round_trip_matches_vllm_loader(exported):
         loaded[param] = t
     assert set(loaded) == set(VLLM_PARAMS)
     # Weights are the trained drafter's (rounded to bf16); d2t is the vocab stage's offset table.
-    sd = drafter.exportable_state_dict()
+    from eagle3.drafter.adapter import exportable_state_dict
+
+    sd = exportable_state_dict(drafter)
     for name in sd:
         torch.testing.assert_close(tensors[name], sd[name].to(torch.bfloat16))
     target_ids = torch.arange(256) + tensors["d2t"]
@@ -158,7 +160,7 @@ def _kimi_like_target(max_positions=262144):
 
 
 def test_drafter_positions_follow_the_target():
-    from eagle3.drafter.settings import DrafterSettings
+    from eagle3.settings.drafter import DrafterSettings
 
     target = _kimi_like_target()
     config = build_vllm_config(DrafterConfig.from_target(target, DrafterSettings(), 32000, [2, 30, 58]), [2, 30, 58])

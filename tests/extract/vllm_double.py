@@ -61,9 +61,9 @@ class VllmLLMDouble:
         self.storage = Path(kv["kv_connector_extra_config"]["shared_storage_path"])
         assert self.storage.is_dir()
         self.kwargs, self.aux_ids = kwargs, ids[:-1]
-        from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+        from eagle3.targets.capture import HiddenCapture, find_decoder_stack
         from eagle3.targets.load import load_target_model, num_layers
-        from eagle3.targets.settings import TargetSettings
+        from eagle3.settings.target import TargetSettings
 
         self.model = load_target_model(TargetSettings(model=kwargs["model"]), "cpu", torch.float32)
         self.stack = find_decoder_stack(self.model, num_layers(self.model.config))

@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from eagle3.serve.local import transformers_serve_command
-from eagle3.serve.settings import ServeSettings
-from eagle3.targets.settings import TargetSettings
+from eagle3.settings.serve import ServeSettings
+from eagle3.settings.target import TargetSettings
 
 
 def test_command_pins_the_resolved_target(tiny_llama_dir):

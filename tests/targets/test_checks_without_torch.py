@@ -18,7 +18,7 @@ from eagle3.targets.load import (
     JsonConfig, hidden_size, load_target_config, load_tokenizer, num_layers, target_config_for_checks, target_vocab_size,
     tokenizer_size_for_checks,
 )
-from eagle3.targets.settings import TargetSettings
+from eagle3.settings.target import TargetSettings
 
 
 @pytest.mark.parametrize("arch", ["llama", "deepseek", "kimi"])

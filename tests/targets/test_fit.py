@@ -29,7 +29,7 @@ def test_counts_equal_the_instantiated_language_model(tiny_target_dir, arch):
     from transformers import AutoConfig
 
     from eagle3.targets.load import auto_model_class
-    from eagle3.targets.settings import TargetSettings
+    from eagle3.settings.target import TargetSettings
 
     settings = TargetSettings(model=str(tiny_target_dir(arch)))
     config = AutoConfig.from_pretrained(settings.model)

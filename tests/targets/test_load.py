@@ -9,7 +9,7 @@ from eagle3.targets.load import (
     check_vocab, load_target_config, load_target_model, load_tokenizer, num_layers, resolve_target,
     served_model_name, target_vocab_size,
 )
-from eagle3.targets.settings import TargetSettings
+from eagle3.settings.target import TargetSettings
 from eagle3.targets.tiny import RECIPE_VERSION
 
 

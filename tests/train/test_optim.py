@@ -10,7 +10,7 @@ from eagle3.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3.errors import StageError
 from eagle3.train.optim import Optimizers
 from eagle3.train.schedule import lr_factor
-from eagle3.train.settings import TrainSettings
+from eagle3.settings.train import TrainSettings
 
 
 def objective() -> TTTObjective:

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from eagle3.extract.batching import right_pad
-from eagle3.extract.capture import HiddenCapture, find_decoder_stack
+from eagle3.targets.capture import HiddenCapture, find_decoder_stack
 from eagle3.targets.aux_layers import default_aux_layer_ids
 
 

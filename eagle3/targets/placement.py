@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from eagle3.errors import StageError
-from eagle3.targets.settings import TargetSettings
+from eagle3.settings.target import TargetSettings
 
 # Share of one GPU's memory the weights may take before we spread over all visible GPUs
 # (the rest holds activations of a batch).
