@@ -21,6 +21,7 @@ from eagle3.data.settings import GenerateSettings
 from eagle3.drafter.settings import DrafterSettings
 from eagle3.errors import ConfigError
 from eagle3.evaluate.settings import EvaluateSettings
+from eagle3.export.settings import ExportSettings
 from eagle3.extract.settings import ExtractSettings
 from eagle3.k8s.settings import KubernetesSettings
 from eagle3.serve.settings import ServeSettings
@@ -88,6 +89,7 @@ class PipelineConfig(BaseSettings):
     extract: ExtractSettings = Field(default_factory=ExtractSettings)
     drafter: DrafterSettings = Field(default_factory=DrafterSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
+    export: ExportSettings = Field(default_factory=ExportSettings)
     evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
 
