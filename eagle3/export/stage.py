@@ -101,6 +101,19 @@ def tensor_meta(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
         return out
 
 
+def serving_facts(cfg: Any, index: dict[str, Any], target_config: Any | None = None) -> ServingFacts:
+    """What a run's exports say about serving (the export stage's, and any drafter exported along
+    the way): the target's family where SGLang is served too, the dtype extract recorded in its
+    ``index``, the draft depth trained to."""
+    from eagle3.targets.aux_layers import target_family
+    from eagle3.targets.load import load_target_config, target_dtype
+
+    target_config = target_config if target_config is not None else load_target_config(cfg.target)
+    family = target_family(target_config) if cfg.export.sglang else None
+    dtype = index.get("target_dtype") or target_dtype(cfg.target, "cuda", target_config)
+    return ServingFacts(family, dtype, cfg.train.ttt_steps)
+
+
 def run(ctx: StageContext) -> dict[str, Any]:
     out = ctx.output
     if out is None:
@@ -117,16 +130,13 @@ def run(ctx: StageContext) -> dict[str, Any]:
     problems = export_problems(dcfg, weights, d2t, t2d, aux_ids, f"train/{DRAFTER_WEIGHTS}", f"vocab/{VOCAB_MAPPING}")
     if dcfg.target_hidden_size != index["hidden_size"]:
         problems.append(f"drafter target_hidden_size {dcfg.target_hidden_size} != extract hidden_size {index['hidden_size']}")
-    from eagle3.targets.aux_layers import target_family
-    from eagle3.targets.load import load_target_config, target_dtype
+    from eagle3.targets.load import load_target_config
 
     target_config = load_target_config(ctx.cfg.target)
-    family = target_family(target_config) if ctx.cfg.export.sglang else None
+    facts = serving_facts(ctx.cfg, index, target_config)
     if ctx.cfg.export.sglang:
         what = f"a {getattr(target_config, 'model_type', None)} target"
-        problems += [p for p in [sglang_problem(aux_ids, family, what)] if p]
-    facts = ServingFacts(family, index.get("target_dtype") or target_dtype(ctx.cfg.target, "cuda", target_config),
-                         ctx.cfg.train.ttt_steps)
+        problems += [p for p in [sglang_problem(aux_ids, facts.family, what)] if p]
     target_max = target_max_positions(target_config)
     limit = position_limit_problem(dcfg.max_position_embeddings, target_max,
                                    ctx.cfg.drafter.max_position_embeddings is not None)
