@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSett
 from eagle3.errors import ConfigError
 from eagle3.settings.drafter import DrafterSettings
 from eagle3.settings.evaluate import EvaluateSettings
+from eagle3.settings.export import ExportSettings
 from eagle3.settings.extract import ExtractSettings
 from eagle3.settings.generate import GenerateSettings
 from eagle3.settings.kubernetes import KubernetesSettings
@@ -89,6 +90,7 @@ class PipelineConfig(BaseSettings):
     extract: ExtractSettings = Field(default_factory=ExtractSettings)
     drafter: DrafterSettings = Field(default_factory=DrafterSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
+    export: ExportSettings = Field(default_factory=ExportSettings)
     evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
 

@@ -52,7 +52,7 @@ STAGES: dict[str, StageSpec] = {
                   preflight="eagle3.targets.fit:preflight_extract"),
         StageSpec("train", ("extract", "vocab"), ("drafter", "train"), "gpu", "eagle3.train.stage:run",
                   "eagle3.train.stage:deep_check", "EAGLE-3 drafter training with TTT"),
-        StageSpec("export", ("train", "extract", "vocab"), (), "cpu", "eagle3.export.stage:run",
+        StageSpec("export", ("train", "extract", "vocab"), ("export",), "cpu", "eagle3.export.stage:run",
                   "eagle3.export.stage:deep_check", "vLLM/SGLang-loadable drafter directory"),
         StageSpec("evaluate", ("export", "generate"), ("target", "evaluate"), "gpu", "eagle3.evaluate.stage:run",
                   "eagle3.evaluate.stage:deep_check", "acceptance length on held-out prompts",

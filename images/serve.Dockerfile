@@ -8,7 +8,7 @@
 # images/requirements.txt. The vLLM entrypoint (`vllm serve`) is kept; the client runs
 # with `--entrypoint eagle3` (Kubernetes sets `command:` explicitly).
 
-ARG VLLM_IMAGE=vllm/vllm-openai:v0.22.1
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.34.0
 
 # ---- wheel: build the eagle3ctl wheel ----
 FROM ${VLLM_IMAGE} AS wheel

@@ -21,7 +21,7 @@ TAG=${TAG:-$VERSION}
 PREFIX=${REGISTRY:+$REGISTRY/}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 GPU_BASE=${GPU_BASE:-pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime}
-VLLM_IMAGE=${VLLM_IMAGE:-vllm/vllm-openai:v0.22.1}
+VLLM_IMAGE=${VLLM_IMAGE:-vllm/vllm-openai:v0.34.0}
 
 log() { echo "build-images: $*" >&2; }
 

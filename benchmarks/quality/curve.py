@@ -23,7 +23,7 @@ from typing import Any, Self
 from safetensors.torch import load_file
 
 from eagle3.drafter.model import DrafterConfig
-from eagle3.export.directory import CONFIG, MODEL, write_export
+from eagle3.export.directory import CONFIG, MODEL, ServingFacts, write_export
 from eagle3.store import ObjectStore
 from eagle3.train.checkpoint import drafter_weights, run_checkpoints
 from eagle3.vocab.mapping import load_vocab_mapping
@@ -93,11 +93,13 @@ def snapshot_steps(dest: Path) -> list[tuple[int, Path]]:
     return sorted((int(p.name.removeprefix("step-")), p) for p in dest.glob("step-*") if (p / MODEL).exists())
 
 
-def export_our_checkpoint(snapshot: Path, drafter_config: dict, vocab_mapping: Path, out: Path) -> Path:
-    """One of our train checkpoints as an export directory, by the export stage's own writer."""
+def export_our_checkpoint(snapshot: Path, drafter_config: dict, vocab_mapping: Path, out: Path,
+                          facts: ServingFacts = ServingFacts()) -> Path:
+    """One of our train checkpoints as an export directory, by the export stage's own writer
+    (``facts``: the run's, :func:`eagle3.export.stage.serving_facts`, for the export stage's very bytes)."""
     d2t, t2d = load_vocab_mapping(vocab_mapping)
     weights = drafter_weights(load_file(str(snapshot / MODEL)))
-    write_export(out, DrafterConfig.from_dict(drafter_config), weights, d2t, t2d)
+    write_export(out, DrafterConfig.from_dict(drafter_config), weights, d2t, t2d, facts=facts)
     return out
 
 

@@ -22,19 +22,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from safetensors import safe_open
-
 from eagle3.context import StageContext
 from eagle3.errors import StageError
 from eagle3.settings.evaluate import EvaluateSettings
 from eagle3.evaluate.prompts import held_out_prompts
 from eagle3.evaluate.report import plot_acceptance, summarize, summarize_counts
+from eagle3.export.directory import read_d2t
 from eagle3.export.stage import CONFIG as EXPORT_CONFIG
 from eagle3.export.stage import MODEL as EXPORT_MODEL
 from eagle3.export.vllm_config import drafter_config_from_export
 from eagle3.manifest import Manifest
 from eagle3.store import ObjectStore
 from eagle3.settings.target import TargetSettings
+from eagle3.vllm_version import require_vllm
 
 REPORT = "report.json"
 PLOT = "acceptance.png"
@@ -100,8 +100,7 @@ def open_hf_decoder(target_settings: TargetSettings, ev: EvaluateSettings, expor
     from eagle3.targets.load import load_tokenizer, num_layers
 
     dcfg = drafter_config_from_export(export_config)
-    with safe_open(str(weights), framework="pt") as f:
-        d2t = f.get_tensor("d2t")
+    d2t = read_d2t(weights, dcfg.draft_vocab_size)
     target = load_target(target_settings, resolve_device(ev.device))
     embed = target.get_input_embeddings().weight
     drafter = load_drafter(weights, embed, dcfg).to(device=embed.device, dtype=embed.dtype).eval()
@@ -221,17 +220,26 @@ def _evaluate_hf(ctx: StageContext, prompts: list[list[int]], sample_ids: list[i
 
 def _evaluate_vllm(ctx: StageContext, prompts: list[list[int]]) -> dict[str, Any]:
     from eagle3.evaluate.vllm_engine import run_vllm
-    from eagle3.targets.load import resolve_target
+    from eagle3.targets.load import resolve_target, target_dtype
 
     ev = ctx.cfg.evaluate
     export_dir = ctx.upstream_path("export", EXPORT_CONFIG).parent
     ctx.upstream_path("export", EXPORT_MODEL)  # both files side by side in export_dir
     counts = run_vllm(resolve_target(ctx.cfg.target), export_dir, prompts, ev.num_draft_tokens, ev.max_new_tokens,
-                      ctx.cfg.target.trust_remote_code)
+                      ctx.cfg.target.trust_remote_code, target_dtype(ctx.cfg.target, "cuda"))
     report = summarize_counts(ev.num_draft_tokens, counts["drafts"], counts["draft_tokens"], counts["accepted"],
                               counts["accepted_per_position"], counts["tokens_generated"])
     report["greedy_check"] = None  # vLLM verifies; there is no plain run to compare with here
     return report
+
+
+def _engine_dtype(cfg: Any) -> str:
+    """The dtype the target ran in: vLLM's on a GPU, the ``hf`` engine's on its device."""
+    from eagle3.targets.placement import resolve_device
+    from eagle3.targets.load import target_dtype
+
+    device = "cuda" if cfg.evaluate.engine == "vllm" else resolve_device(cfg.evaluate.device).type
+    return target_dtype(cfg.target, device)
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -240,8 +248,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
     out = ctx.output
     if out is None:
         return {}
-    check_fit(ctx.cfg, "evaluate")
     ev = ctx.cfg.evaluate
+    if ev.engine == "vllm":
+        require_vllm("evaluate.engine=vllm")
+    check_fit(ctx.cfg, "evaluate")
     held, prompts = held_out_prompt_ids(ctx.cfg)
     if not prompts:
         raise StageError("evaluate: no prompts to evaluate on")
@@ -251,7 +261,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
         report = _evaluate_vllm(ctx, prompts)
     else:
         report, resumed = _evaluate_hf(ctx, prompts, sample_ids)
-    report = {"engine": ev.engine, "num_prompts": len(prompts), "prompt_source": held.source,
+    report = {"engine": ev.engine, "target_dtype": _engine_dtype(ctx.cfg), "num_prompts": len(prompts),
+              "prompt_source": held.source,
               "held_out": held.held_out, "max_new_tokens": ev.max_new_tokens, **report}
     if report.get("greedy_check") and not report["greedy_check"]["all_match"]:
         # Not fatal (near-ties in low precision can flip an argmax), but loud.
@@ -260,7 +271,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     path = ctx.scratch / PLOT
     plot_acceptance(report, path)
     out.put_file(PLOT, path)
-    keys = ("engine", "num_prompts", "held_out", "mean_acceptance_length", "draft_acceptance_rate", "verify_steps",
+    keys = ("engine", "target_dtype", "num_prompts", "held_out", "mean_acceptance_length", "draft_acceptance_rate", "verify_steps",
             "tokens_generated", "draft_tokens_proposed", "draft_tokens_accepted")
     stats = {k: report.get(k) for k in keys}
     stats["acceptance_rate_per_position"] = report["acceptance_rate_per_position"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import StageError
+from eagle3.vllm_version import require_vllm
 
 
 def vllm_available() -> bool:
@@ -42,23 +43,38 @@ def spec_decode_counts(metrics: list[Any], k: int) -> dict[str, Any]:
     return {"drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted, "accepted_per_position": per_pos}
 
 
-def run_vllm(target: str, export_dir: Path, prompts: list[list[int]], k: int, max_new_tokens: int,
-             trust_remote_code: bool) -> dict[str, Any]:
-    """Generate greedily with EAGLE-3 speculation in vLLM; return its acceptance counters."""
+def llm_kwargs(target: str, export_dir: Path, k: int, dtype: str, trust_remote_code: bool,
+               tensor_parallel_size: int) -> dict[str, Any]:
+    """Arguments of ``vllm.LLM`` (0.22.1-0.34.x) serving the target with the exported drafter (pure)."""
+    return {
+        "model": target,
+        "dtype": dtype,  # target.dtype resolved as extract resolved it: the hidden states the drafter learned
+        "trust_remote_code": trust_remote_code,
+        "tensor_parallel_size": tensor_parallel_size,
+        "speculative_config": {"method": "eagle3", "model": str(export_dir), "num_speculative_tokens": k},
+        "disable_log_stats": False,
+    }
+
+
+def load_llm_class() -> tuple[Any, Any]:
+    """(vllm.LLM, vllm.SamplingParams); one clear line where vLLM cannot run."""
     if not vllm_available():
         raise StageError("evaluate.engine=vllm needs vLLM installed and a CUDA device; use evaluate.engine=hf")
-    import torch
     from vllm import LLM, SamplingParams
 
-    llm = LLM(
-        model=target,
-        trust_remote_code=trust_remote_code,
-        tensor_parallel_size=torch.cuda.device_count(),
-        speculative_config={"method": "eagle3", "model": str(export_dir), "num_speculative_tokens": k},
-        disable_log_stats=False,
-    )
+    return LLM, SamplingParams
+
+
+def run_vllm(target: str, export_dir: Path, prompts: list[list[int]], k: int, max_new_tokens: int,
+             trust_remote_code: bool, dtype: str) -> dict[str, Any]:
+    """Generate greedily with EAGLE-3 speculation in vLLM, the target in ``dtype``; return its acceptance counters."""
+    require_vllm("evaluate.engine=vllm")
+    llm_cls, params_cls = load_llm_class()
+    import torch
+
+    llm = llm_cls(**llm_kwargs(target, export_dir, k, dtype, trust_remote_code, torch.cuda.device_count()))
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                           SamplingParams(temperature=0.0, max_tokens=max_new_tokens))
+                           params_cls(temperature=0.0, max_tokens=max_new_tokens))
     counts = spec_decode_counts(llm.get_metrics(), k)
     counts["tokens_generated"] = sum(len(o.outputs[0].token_ids) for o in outputs)
     return counts

@@ -7,16 +7,17 @@ What each engine reads (from their source, not guessed):
   ``fc`` (3 x target hidden -> hidden); ``draft_vocab_size`` sizes ``lm_head``;
   ``eagle_config["use_aux_hidden_state"]``; ``norm_before_residual`` (default False:
   the residual is ``fc``'s output before ``hidden_norm``, which is what our drafter does).
-- vLLM ``vllm/v1/worker/gpu_model_runner.py::_get_eagle3_aux_layers_from_config``: the
-  TOP-LEVEL ``eagle_aux_hidden_state_layer_ids`` first, then the one inside
-  ``eagle_config``. vLLM ids: id k = input of decoder layer k.
-- SGLang ``model_runner.py``: only ``eagle_config["eagle_aux_hidden_state_layer_ids"]``,
-  then ``set_eagle3_layers_to_capture`` adds 1 (its ids mean "output of layer i").
+- vLLM's aux ids: the TOP-LEVEL ``eagle_aux_hidden_state_layer_ids`` first, in every release
+  (Model Runner V1 ``_get_eagle3_aux_layers_from_config``, 0.22.1-0.33; V2
+  ``spec_decode/eagle/eagle3_utils.py``, 0.22.1-0.34). vLLM ids: id k = input of decoder layer k.
+- SGLang 0.5.23 (``spec_aux_hidden_state.py``): only ``eagle_config["eagle_aux_hidden_state_layer_ids"]``,
+  which the target's ``set_eagle3_layers_to_capture`` converts by the target's family
+  (:mod:`eagle3.targets.aux_layers`).
 
-So the top-level key carries the vLLM ids and the ``eagle_config`` key carries the same
-layers in SGLang's convention (``to_sglang``: k-1). vLLM never reads the inner one
-because the top-level key wins; SGLang captures exactly the layers we trained on. Writing
-vLLM ids in both places would make SGLang capture one layer too deep.
+So the top-level key carries the vLLM ids and the ``eagle_config`` key carries ids that make
+SGLang capture the same layers for this target's family (``to_sglang``). vLLM never reads the
+inner one because the top-level key wins; SGLang captures exactly the layers we trained on.
+An export for vLLM only (``export.sglang: false``) writes no inner ids.
 """
 
 from __future__ import annotations
@@ -24,14 +25,23 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3.drafter.model import DrafterConfig
-from eagle3.targets.aux_layers import to_sglang
+from eagle3.targets.aux_layers import Family
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
-def build_vllm_config(drafter: DrafterConfig, aux_layer_ids: list[int], torch_dtype: str = "bfloat16") -> dict[str, Any]:
-    """config.json for an exported EAGLE-3 drafter (pure: values in, dict out)."""
+def build_vllm_config(drafter: DrafterConfig, aux_layer_ids: list[int], sglang_ids: list[int] | None = None,
+                      family: Family | None = None, torch_dtype: str = "bfloat16") -> dict[str, Any]:
+    """config.json for an exported EAGLE-3 drafter (pure: values in, dict out).
+
+    ``sglang_ids``: ``eagle_config``'s ids, already converted for the target's ``family``; None
+    writes none (an export for vLLM only)."""
     ids = [int(i) for i in aux_layer_ids]
+    eagle_config: dict[str, Any] = {"use_aux_hidden_state": True}
+    if sglang_ids is not None:
+        eagle_config["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in sglang_ids]
+        eagle_config["eagle_aux_hidden_state_layer_ids_convention"] = (
+            f"sglang, {family.name}-family target: it {family.sglang_rule}" if family is not None else "sglang")
     return {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -57,11 +67,7 @@ def build_vllm_config(drafter: DrafterConfig, aux_layer_ids: list[int], torch_dt
         "torch_dtype": torch_dtype,
         "norm_before_residual": False,
         "eagle_aux_hidden_state_layer_ids": ids,
-        "eagle_config": {
-            "use_aux_hidden_state": True,
-            "eagle_aux_hidden_state_layer_ids": to_sglang(ids),
-            "eagle_aux_hidden_state_layer_ids_convention": "sglang (output of layer i = vLLM id i+1)",
-        },
+        "eagle_config": eagle_config,
     }
 
 

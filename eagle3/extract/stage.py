@@ -30,6 +30,7 @@ from eagle3.extract.parallel import Ranks, my_share
 from eagle3.manifest import Manifest, ObjectEntry, ObjectWriter, committed_key
 from eagle3.store import ObjectStore, local_copy
 from eagle3.targets.aux_layers import resolve_aux_layer_ids
+from eagle3.vllm_version import require_vllm
 
 
 def aux_ids_for(target_settings: Any, num_layers: int) -> list[int]:
@@ -56,11 +57,13 @@ def target_head(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def run(ctx: StageContext) -> dict[str, Any]:
     from eagle3.targets.placement import needs_device_map
-    from eagle3.targets.load import hidden_size, load_target_config, num_layers, resolve_target, target_vocab_size
+    from eagle3.targets.load import (hidden_size, load_target_config, num_layers, resolve_target, target_dtype,
+                                     target_vocab_size)
 
     from eagle3.targets.fit import check_fit
 
     settings, tset = ctx.cfg.extract, ctx.cfg.target
+    vllm_version = require_vllm("extract.engine=vllm") if settings.engine == "vllm" else None
     check_fit(ctx.cfg, "extract")
     ranks = Ranks.from_env()
     if settings.engine == "vllm" and ranks.world > 1:
@@ -100,8 +103,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     stats = ShardStats()
     wall = 0.0
-    if settings.engine == "vllm":
-        wall = _extract_vllm(ctx, data, todo, aux_ids, hidden, head_done, config, writer, stats)
+    if vllm_version is not None:
+        wall = _extract_vllm(ctx, data, todo, aux_ids, hidden, head_done, config, writer, stats, vllm_version)
     elif todo or (out is not None and not head_done):
         model = load_target(tset, device)
         if out is not None and not head_done:
@@ -143,6 +146,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "target_model": tset.model,
         "aux_layer_ids": aux_ids,
         "final_hidden": "after_final_norm",
+        "target_dtype": target_dtype(tset, "cuda" if settings.engine == "vllm" else device.type, config),
         "hidden_size": hidden,
         "num_layers": n_layers,
         "target_vocab_size": vocab,
@@ -158,6 +162,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     return {
         "aux_layer_ids": aux_ids,
         "engine": settings.engine,
+        "target_dtype": index["target_dtype"],
         "storage_dtype": settings.storage_dtype,
         "hidden_bytes_per_token": bytes_per_token(hidden, settings.storage_dtype),
         "samples": len(data),
@@ -174,7 +179,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 def _extract_vllm(ctx: StageContext, data: Any, todo: list, aux_ids: list[int], hidden: int, head_done: bool,
-                  config: Any, writer: ObjectWriter, stats: ShardStats) -> float:
+                  config: Any, writer: ObjectWriter, stats: ShardStats, vllm_version: tuple[int, int, int]) -> float:
     """The shards left, through the target in vLLM; the target head read from the checkpoint."""
     from safetensors.torch import save_file
 
@@ -194,11 +199,11 @@ def _extract_vllm(ctx: StageContext, data: Any, todo: list, aux_ids: list[int], 
     if not todo:
         return 0.0
     longest = int(data.lengths().max())
-    llm, params = vllm_engine.open_llm(ctx.cfg, source, aux_ids, longest + 1)
+    extractor = vllm_engine.open_llm(ctx.cfg, source, config, aux_ids, longest + 1, vllm_version)
     total, done, t0 = sum(p.num_tokens for p in todo), 0, time.perf_counter()
     with ShardWriter(writer) as shards:
         for p in todo:
-            shard = vllm_engine.extract_shard_vllm(llm, params, data, p, hidden, settings.storage_dtype, stats)
+            shard = vllm_engine.extract_shard_vllm(extractor, data, p, hidden, settings.storage_dtype, stats)
             shards.submit(p.index, shard)
             del shard
             done += p.num_tokens

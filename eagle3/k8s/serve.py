@@ -23,8 +23,9 @@ def server_argv(config_path: str) -> tuple[list[str], dict[str, str]]:
     cfg = load_config(config_path)
     serve = cfg.serve.model_copy(update={"host": "0.0.0.0", "port": cfg.serve.port or 8000})
     if serve_engine(cfg) == "vllm":
-        from eagle3.serve.vllm import vllm_command
+        from eagle3.serve.vllm import check_vllm_version, vllm_command
 
+        check_vllm_version()
         return vllm_command(serve, cfg.target, resolve_target(cfg.target)) + list(cfg.kubernetes.vllm_args), {}
     from eagle3.serve.local import transformers_serve_command
 

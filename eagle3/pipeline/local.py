@@ -235,8 +235,10 @@ class LocalBackend(Backend):
             raise StageError(f"port {serve.port} on {serve.host} is already in use (another server?); "
                              f"stop it, or set serve.port, or point serve.endpoint at it")
         if engine == "vllm":
+            from eagle3.serve.vllm import check_vllm_version
             from eagle3.targets.load import resolve_target
 
+            check_vllm_version()
             model = resolve_target(target)
             cmd, env, base_url = vllm_command(serve, target, model), {}, f"http://{_client_host(serve.host)}:{serve.port}/v1"
         else:

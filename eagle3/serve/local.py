@@ -24,7 +24,7 @@ from pathlib import Path
 from eagle3.errors import StageError
 from eagle3.serve.process import ServerProcess
 from eagle3.settings.serve import ServeSettings
-from eagle3.targets.load import resolve_target
+from eagle3.targets.load import resolve_target, target_dtype
 from eagle3.settings.target import TargetSettings
 
 STOP_GRACE_S = 10.0  # a tiny CPU server exits at once on SIGTERM; vLLM's grace is process.STOP_GRACE_S
@@ -38,6 +38,15 @@ class ServerCommand:
     model: str  # the model id the server lists and requests must carry
 
 
+def serve_device_type(device: str) -> str:
+    """cuda or cpu: where ``transformers serve --device DEVICE`` puts the model (auto: a GPU when one is visible)."""
+    if device == "auto":
+        from eagle3.serve.vllm import cuda_present
+
+        return "cuda" if cuda_present() else "cpu"
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
 def transformers_serve_command(target: TargetSettings, serve: ServeSettings, device: str = "auto") -> ServerCommand:
     """The argv and env that serve ``target`` with ``transformers serve`` on ``serve.host:port``."""
     model = resolve_target(target)
@@ -45,8 +54,7 @@ def transformers_serve_command(target: TargetSettings, serve: ServeSettings, dev
     if exe is None:
         raise StageError("`transformers` CLI not found; install transformers[serving]")
     argv = [exe, "serve", "--host", serve.host, "--port", str(serve.port), "--device", device, "--log-level", "warning"]
-    if target.dtype != "auto":
-        argv += ["--dtype", target.dtype]
+    argv += ["--dtype", target_dtype(target, serve_device_type(device))]
     if target.trust_remote_code:
         argv.append("--trust-remote-code")
     argv += [*serve.extra_args, model]

@@ -1,4 +1,9 @@
-"""The ``vllm serve`` command for the target, from the serve and target settings."""
+"""The ``vllm serve`` command for the target, from the serve and target settings.
+
+The command always carries ``--dtype``: :func:`eagle3.targets.load.target_dtype` resolved for
+a GPU where the target's config is at hand, else ``target.dtype`` as set, whose ``auto`` vLLM
+resolves by the very rule ``target_dtype`` follows on a GPU.
+"""
 
 from __future__ import annotations
 
@@ -42,6 +47,24 @@ def choose_engine(serve: ServeSettings) -> str:
     return "vllm" if vllm_installed() and cuda_present() else "transformers"
 
 
+def check_vllm_version() -> None:
+    """serve.engine=vllm here: the installed vLLM must be a supported one (one line naming the range)."""
+    from eagle3.vllm_version import require_vllm
+
+    require_vllm("serve.engine=vllm")
+
+
+def serve_dtype(target: TargetSettings, model_path: str) -> str:
+    """The dtype ``vllm serve`` runs the target in (see the module docstring)."""
+    from pathlib import Path
+
+    if target.dtype != "auto" or not (Path(model_path) / "config.json").is_file():
+        return target.dtype
+    from eagle3.targets.load import target_dtype
+
+    return target_dtype(target.model_copy(update={"model": model_path}), "cuda")
+
+
 def vllm_command(serve: ServeSettings, target: TargetSettings, model_path: str) -> list[str]:
     """``vllm serve MODEL`` with the settings that matter for Kimi-K2.5 on one node."""
     cmd = ["vllm", "serve", model_path, "--host", serve.host, "--port", str(serve.port),
@@ -53,6 +76,5 @@ def vllm_command(serve: ServeSettings, target: TargetSettings, model_path: str) 
         cmd += ["--reasoning-parser", serve.reasoning_parser]
     if target.trust_remote_code:
         cmd.append("--trust-remote-code")
-    if target.dtype != "auto":
-        cmd += ["--dtype", target.dtype]
+    cmd += ["--dtype", serve_dtype(target, model_path)]
     return cmd + list(serve.extra_args)

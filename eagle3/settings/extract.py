@@ -15,8 +15,9 @@ class VllmExtractSettings(BaseModel):
     hidden_states_dir: str = Field("/dev/shm/eagle3-hidden-states", description="Where vLLM's connector writes each "
                                    "request's file before it is read into a shard and deleted (RAM-backed: "
                                    "bounded by one shard's samples).")
-    enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile (the final-hidden hook wraps the "
-                                "model's forward).")
+    enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile (the final-hidden plugin's hook "
+                                "wraps the model's forward where it is used: DeepseekV2-family targets on vLLM "
+                                "0.22.1-0.24.x).")
 
 
 class ExtractSettings(BaseModel):

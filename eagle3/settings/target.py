@@ -24,7 +24,10 @@ class TargetSettings(BaseModel):
         "HF hidden_states[k]). Default (2, L//2, L-3); Kimi-K2.5 (L=61): [2, 30, 58].",
     )
     trust_remote_code: bool = Field(False, description="Allow the model's own code (Kimi-K2.5 needs it).")
-    dtype: str = Field("auto", description="auto (bf16 on GPU, fp32 on CPU), bfloat16, float16 or float32.")
+    dtype: str = Field("auto", description="The dtype the target runs in, in every engine (serve, extract, evaluate; "
+                       "vLLM and transformers): bfloat16, float16, float32, or auto: vLLM's own rule on a GPU (the "
+                       "config's dtype, float32 downcast to bfloat16), the config's dtype on CPU. The drafter learns "
+                       "the hidden states of this dtype: serve the target in it.")
     cache_dir: str = Field(".eagle3/targets", description="Where builtin targets are built and HF files cached.")
 
     @field_validator("aux_layer_ids")

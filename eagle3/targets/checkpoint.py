@@ -1,9 +1,11 @@
 """Read a few tensors straight from the target's checkpoint files (no model is built).
 
 The ``vllm`` extract engine never loads the target in this process, yet train needs the
-target's embedding and lm_head (``target_head.safetensors``). They are read by name from
+target's embedding and lm_head (``target_head.safetensors``), and the final hidden state
+vLLM hands out before the final norm needs that norm's weight. They are read by name from
 the safetensors shards (``model.safetensors.index.json`` says which file holds which):
-Kimi-K2.5 keeps them unquantized (``lm_head`` is in its quantization ignore list).
+Kimi-K2.5 keeps them unquantized (``lm_head`` is in its quantization ignore list; norms are
+never quantized), its text model under a ``language_model.`` prefix.
 """
 
 from __future__ import annotations
@@ -66,3 +68,17 @@ def target_head_tensors(root: Path, tied: bool = False) -> dict[str, torch.Tenso
         with safe_open(str(root / wmap[theirs]), framework="pt") as f:
             out[ours] = f.get_tensor(theirs).clone()
     return out
+
+
+FINAL_NORM = "model.norm.weight"  # the decoder's final norm (HF Llama / DeepseekV3; Kimi: language_model.model.norm)
+
+
+def final_norm_weight(root: Path) -> torch.Tensor:
+    """The weight of the decoder's final RMSNorm (``model.norm.weight``, under any prefix), as stored."""
+    wmap = weight_map(root)
+    names = sorted((n for n in wmap if (n == FINAL_NORM or n.endswith("." + FINAL_NORM)) and "vision" not in n
+                    and "mtp" not in n), key=len)
+    if not names:
+        raise StageError(f"{root}: no {FINAL_NORM} (the final norm) among the checkpoint's tensors")
+    with safe_open(str(root / wmap[names[0]]), framework="pt") as f:
+        return f.get_tensor(names[0]).clone()

@@ -3,7 +3,7 @@
 Weight bytes after loading = parameters (counted from the text config: embeddings, MLA or
 GQA attention, dense and MoE MLPs, norms, lm_head) x the bytes each takes in that engine:
 
-- ``hf`` (transformers, ``device_map`` over the node's GPUs): the load dtype (bf16 on GPU),
+- ``hf`` (transformers, ``device_map`` over the node's GPUs): the load dtype (``target_dtype``),
   quantized checkpoints dequantized on load (compressed-tensors INT4 becomes bf16), except
   fp8 checkpoints, which transformers keeps in fp8;
 - ``vllm``: quantized weights stay quantized (bits + group scales), the rest in bf16.
@@ -221,7 +221,7 @@ def check_fit(cfg: Any, stage: str, gpus: Gpus | None = None) -> None:
     node's GPUs.
     """
     from eagle3.errors import StageError
-    from eagle3.targets.load import target_config_for_checks
+    from eagle3.targets.load import target_config_for_checks, target_dtype
 
     setting = f"{stage}.engine"
     engine = getattr(cfg, stage).engine
@@ -230,7 +230,7 @@ def check_fit(cfg: Any, stage: str, gpus: Gpus | None = None) -> None:
     except StageError as e:
         raise ConfigError(f"{setting}: cannot check that the target fits: {e}") from None
     gpus = gpus if gpus is not None else Gpus.detect()
-    dtype = cfg.target.dtype if cfg.target.dtype != "auto" else ("bfloat16" if gpus else "float32")
+    dtype = target_dtype(cfg.target, "cuda" if gpus else "cpu", config)
     problem = fit_problem(weight_bytes(config, DTYPE_BYTES[dtype]), engine, gpus, setting)
     if problem:
         raise ConfigError(f"{setting}={engine}: {cfg.target.model}: {problem}")

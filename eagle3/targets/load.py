@@ -142,13 +142,42 @@ def load_tokenizer(settings: TargetSettings) -> Any:
         raise StageError(f"cannot load target tokenizer from {source}: {_first_line(e)}") from None
 
 
-def resolve_dtype(setting: str, device: str | torch.device) -> torch.dtype:
-    """``auto``: bf16 on CUDA, fp32 on CPU."""
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def config_dtype(config: Any) -> str | None:
+    """The dtype a target's config names (``dtype`` or ``torch_dtype``, else its text config's), or None."""
+    for c in (config, getattr(config, "text_config", None)):
+        for key in ("dtype", "torch_dtype"):
+            value = getattr(c, key, None) if c is not None else None
+            if value is not None:
+                return str(value).removeprefix("torch.")
+    return None
+
+
+def target_dtype(settings: TargetSettings, device_type: str, config: Any | None = None) -> str:
+    """The dtype the target runs in, in every engine: ``target.dtype`` unless it is ``auto``.
+
+    ``auto`` is vLLM's own rule where a GPU runs the target (``_resolve_auto_dtype`` on an
+    Ampere or newer GPU): the config's dtype, float32 (or none given) downcast to bfloat16. On
+    CPU, where only transformers runs (``transformers serve --dtype auto`` does the same), it is
+    the config's dtype, float32 when none is given. Hidden states are extracted in this dtype,
+    so the drafter learns what it will see: stages that run on different kinds of device agree
+    only when ``target.dtype`` is set.
+    """
+    if settings.dtype != "auto":
+        return settings.dtype
+    own = config_dtype(config if config is not None else target_config_for_checks(settings))
+    if device_type == "cuda":
+        return own if own in ("bfloat16", "float16") else "bfloat16"
+    return own if own in DTYPES else "float32"
+
+
+def resolve_dtype(settings: TargetSettings, device: str | torch.device) -> torch.dtype:
+    """:func:`target_dtype` on ``device`` as a torch dtype."""
     import torch
 
-    if setting == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    return getattr(torch, setting)
+    return getattr(torch, target_dtype(settings, torch.device(device).type))
 
 
 def auto_model_class(settings: TargetSettings) -> Any:
@@ -173,10 +202,10 @@ def auto_model_class(settings: TargetSettings) -> Any:
 
 
 def load_target_model(settings: TargetSettings, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None) -> Any:
-    """The target in eval mode on ``device``; ``dtype`` defaults to the settings' (auto)."""
+    """The target in eval mode on ``device``; ``dtype`` defaults to :func:`target_dtype`'s."""
     source = resolve_target(settings)
     if dtype is None or isinstance(dtype, str):
-        dtype = resolve_dtype(dtype or settings.dtype, device)
+        dtype = resolve_dtype(settings.model_copy(update={"dtype": dtype}) if dtype else settings, device)
     try:
         model = auto_model_class(settings).from_pretrained(source, dtype=dtype, trust_remote_code=settings.trust_remote_code)
     except (OSError, ValueError) as e:
@@ -191,6 +220,14 @@ def num_layers(config: Any) -> int:
 
 def hidden_size(config: Any) -> int:
     return int(_text_config(config).hidden_size)
+
+
+def rms_norm_eps(config: Any) -> float:
+    """The epsilon of the target's RMSNorms (its final norm's among them)."""
+    eps = getattr(_text_config(config), "rms_norm_eps", None)
+    if eps is None:
+        raise StageError("the target config has no rms_norm_eps")
+    return float(eps)
 
 
 def target_vocab_size(config: Any) -> int:

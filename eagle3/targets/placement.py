@@ -44,7 +44,7 @@ def load_target(settings: TargetSettings, device: torch.device) -> Any:
     from eagle3.targets.load import load_target_model, resolve_dtype, resolve_target
 
     source = resolve_target(settings)
-    dtype = resolve_dtype(settings.dtype, device)
+    dtype = resolve_dtype(settings, device)
     if not needs_device_map(source, device):
         return load_target_model(settings, device, dtype)
     from eagle3.targets.load import auto_model_class

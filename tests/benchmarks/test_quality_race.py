@@ -174,8 +174,8 @@ def test_a_speculators_checkpoint_exports_as_the_export_stage_writes(tmp_path, t
     exported = load_file(str(out / "model.safetensors"))
     for k, v in ours.items():
         assert torch.equal(exported[k], v.to(torch.bfloat16)), k
-    if not draft_vocab:
-        assert torch.equal(exported["d2t"], torch.zeros(vocab, dtype=torch.int64)) and bool(exported["t2d"].all())
+    if not draft_vocab:  # a full draft vocab is exported without a mapping (vLLM 0.30+ refuses one)
+        assert "d2t" not in exported and "t2d" not in exported
 
 
 def test_a_speculators_training_cut_by_a_deadline_reports_both_parts():

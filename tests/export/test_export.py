@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 from eagle3.context import run_stage
 from eagle3.export import stage as export_stage
 from eagle3.export.vllm_config import build_vllm_config, drafter_config_from_export
+from eagle3.targets.aux_layers import DEEPSEEK_STYLE, LLAMA_STYLE, to_sglang
 from eagle3.drafter.model import DrafterConfig
 from eagle3.manifest import verify_stage
 from eagle3.store import open_store
@@ -62,20 +63,24 @@ def _drafter_cfg(**kw) -> DrafterConfig:
 
 
 def test_config_has_every_field_vllm_and_sglang_read():
-    c = build_vllm_config(_drafter_cfg(), [2, 30, 58])
+    c = build_vllm_config(_drafter_cfg(), [2, 30, 58], to_sglang([2, 30, 58], LLAMA_STYLE), LLAMA_STYLE)
     assert c["architectures"] == ["LlamaForCausalLMEagle3"] and c["model_type"] == "llama"
     assert c["num_hidden_layers"] == 1 and c["tie_word_embeddings"] is False and c["hidden_act"] == "silu"
     assert (c["vocab_size"], c["draft_vocab_size"], c["target_hidden_size"]) == (1024, 200, 96)
     assert (c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]) == \
         (64, 128, 4, 2, 16)
     assert c["torch_dtype"] == "bfloat16" and c["norm_before_residual"] is False
-    # vLLM reads the top-level ids first (Kimi-K2.5: [2, 30, 58]); SGLang reads eagle_config's and adds 1.
+    # vLLM reads the top-level ids first; SGLang reads eagle_config's and, for a Llama target, adds 1.
     assert c["eagle_aux_hidden_state_layer_ids"] == [2, 30, 58]
     assert c["eagle_config"]["use_aux_hidden_state"] is True
     assert c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 29, 57]
     assert [i + 1 for i in c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]] == c["eagle_aux_hidden_state_layer_ids"]
     assert json.loads(json.dumps(c)) == c
     assert drafter_config_from_export(c) == _drafter_cfg()
+    # Kimi-K2.5 (DeepseekV2 family): SGLang takes [2, 30, 58] as given; for vLLM only, no inner ids at all.
+    kimi = build_vllm_config(_drafter_cfg(), [2, 30, 58], to_sglang([2, 30, 58], DEEPSEEK_STYLE), DEEPSEEK_STYLE)
+    assert kimi["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 30, 58]
+    assert build_vllm_config(_drafter_cfg(), [2, 30, 58])["eagle_config"] == {"use_aux_hidden_state": True}
 
 
 @pytest.fixture
@@ -119,8 +124,15 @@ def test_export_round_trip_matches_vllm_loader(exported):
         torch.testing.assert_close(tensors[name], sd[name].to(torch.bfloat16))
     target_ids = torch.arange(256) + tensors["d2t"]
     assert tensors["t2d"][target_ids].all() and int(tensors["t2d"].sum()) == 256
+    # The tiny DeepseekV3 target: SGLang's DeepseekV2 rule takes the default ids [2, 3, 5] as given.
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == index["aux_layer_ids"] == [2, 3, 5]
+    assert (stats["target_family"], stats["sglang_aux_layer_ids"]) == ("DeepseekV2", [2, 3, 5])
     note = store.get_bytes(key_of(store, 't', "export", 'SERVING.md')).decode()
-    assert str(index["aux_layer_ids"]) in note and str(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) in note
+    assert "eagle_aux_hidden_state_layer_ids` = [2, 3, 5]" in note and "takes the ids as given" in note
+    # The dtype extract ran the target in, and the depth the drafter was trained to draft (train.ttt_steps).
+    assert index["target_dtype"] == stats["target_dtype"] == "float32" and cfg.train.ttt_steps == 7
+    assert "vllm serve TARGET --dtype float32" in note and '"num_speculative_tokens": 7}' in note
+    assert "--model-path TARGET --dtype float32" in note and "--speculative-num-steps 7" in note
     assert verify_stage(store, "t", "export", deep=True, content_check=export_stage.deep_check).complete
 
 
@@ -136,15 +148,25 @@ def test_export_loads_back_as_the_same_drafter(exported):
 
 
 def test_check_export_names_problems():
-    c = build_vllm_config(_drafter_cfg(), [2, 30, 58])
+    c = build_vllm_config(_drafter_cfg(), [2, 30, 58], [1, 29, 57], LLAMA_STYLE)
     meta = {k: (s, "bfloat16") for k, s in __import__("eagle3.drafter.adapter", fromlist=["x"]).expected_shapes(_drafter_cfg()).items()}
     meta["d2t"], meta["t2d"] = ((200,), "int64"), ((1024,), "bool")
-    assert export_stage.check_export(c, meta, [2, 30, 58]) == []
+    assert export_stage.check_export(c, meta, [2, 30, 58], LLAMA_STYLE) == []
     assert any("extract's" in p for p in export_stage.check_export(c, meta, [1, 30, 58]))
     bad = {**c, "eagle_config": {**c["eagle_config"], "eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}
-    assert any("to_sglang" in p for p in export_stage.check_export(bad, meta, None))
+    assert any("make SGLang capture [3, 31, 59] on a Llama-family target, not [2, 30, 58]" in p
+               for p in export_stage.check_export(bad, meta, None, LLAMA_STYLE))
+    assert export_stage.check_export(bad, meta, None, DEEPSEEK_STYLE) == []  # as given: right for Kimi
+    assert any("make SGLang capture None" in p for p in
+               export_stage.check_export(build_vllm_config(_drafter_cfg(), [2, 30, 58]), meta, None, LLAMA_STYLE))
     meta2 = {**meta, "fc.weight": ((64, 100), "bfloat16")}
     assert any("fc.weight" in p for p in export_stage.check_export(c, meta2, None))
+    full = build_vllm_config(_drafter_cfg(draft_vocab_size=1024), [2, 30, 58])
+    full_meta = {**meta, "lm_head.weight": ((1024, 64), "bfloat16")}
+    assert export_stage.check_export(full, full_meta, None) == ["model.safetensors: d2t, t2d in a full-vocab export "
+                                                                "(vLLM refuses them)"]
+    del full_meta["d2t"], full_meta["t2d"]
+    assert export_stage.check_export(full, full_meta, None) == []
 
 
 def _kimi_like_target(max_positions=262144):
@@ -195,3 +217,72 @@ def test_export_refuses_a_drafter_shorter_than_the_target(tmp_path, tiny_target_
     with pytest.raises(StageError, match="drafter max_position_embeddings 512 < the target's 4096"):
         run_stage(plain, "export")
     assert run_stage(short, "export")["max_position_embeddings"] == 512  # set on purpose: allowed
+
+
+def vllm_load_error(tensors: dict, config: dict, release) -> str | None:
+    """Eagle3LlamaForCausalLM.load_weights of ``release`` (tests/extract/vllm_double.py): the error its
+    weight loader raises for these checkpoint tensors, or None. From 0.30 a full draft vocab builds no
+    ``draft_id_to_target_id``; before, the parameter stays (zeros: the identity) when no d2t comes."""
+    full = config["draft_vocab_size"] == config["vocab_size"]
+    params = set(VLLM_PARAMS) - ({"draft_id_to_target_id"} if full and not release.full_vocab_d2t else set())
+    for name in tensors:
+        param = vllm_param(name)
+        if param is not None and param.split("[")[0] not in {p.split("[")[0] for p in params}:
+            return f"There is no module or parameter named '{param}'"
+    return None
+
+
+def _full_vocab_export(tmp_path, tiny_target_dir, **overrides):
+    cfg = pipeline_config(tmp_path / "store", tiny_target_dir("deepseek"), **overrides)
+    commit_generate(cfg, random_samples(2), tmp_path)
+    run_stage(cfg, "extract")
+    commit_vocab(cfg, torch.arange(1024, 0, -1), 1024, tmp_path)  # the tiny target's whole vocab
+    commit_untrained_train(cfg, 1024, tmp_path)
+    return cfg, run_stage(cfg, "export")
+
+
+def test_a_full_vocab_export_has_no_mapping_and_every_release_loads_it(tmp_path, tiny_target_dir):
+    from eagle3.export.directory import read_d2t
+    from tests.extract.vllm_double import RELEASES
+
+    cfg, stats = _full_vocab_export(tmp_path, tiny_target_dir)
+    store = open_store(cfg.store.uri)
+    config = json.loads(store.get_bytes(key_of(store, 't', "export", 'config.json')))
+    path = store.local_path(key_of(store, 't', "export", 'model.safetensors'))
+    tensors = load_file(str(path))
+    assert "d2t" not in tensors and "t2d" not in tensors and stats["vocab_mapping"] == "none (full vocab)"
+    assert config["draft_vocab_size"] == config["vocab_size"] == 1024
+    assert all(vllm_load_error(tensors, config, r) is None for r in RELEASES.values())
+    # What the export wrote before: 0.34 refuses a d2t at a full vocab, 0.22.1 and 0.26.0 take it.
+    with_mapping = {**tensors, "d2t": torch.zeros(1024, dtype=torch.int64), "t2d": torch.ones(1024, dtype=torch.bool)}
+    assert [v for v, r in RELEASES.items() if vllm_load_error(with_mapping, config, r)] == ["0.34.0"]
+    assert torch.equal(read_d2t(path, 1024), torch.zeros(1024, dtype=torch.int64))  # the hf evaluator's identity
+    assert verify_stage(store, "t", "export", deep=True, content_check=export_stage.deep_check).complete
+
+
+def test_export_refuses_ids_sglang_cannot_express_for_the_family(tmp_path, tiny_target_dir):
+    from eagle3.errors import StageError
+
+    with pytest.raises(StageError, match=r"aux layer ids \[1, 3, 5\] start at 1, which SGLang cannot express for a "
+                                         r"DeepseekV2 target .*set export.sglang: false"):
+        _full_vocab_export(tmp_path / "a", tiny_target_dir, **{"target.aux_layer_ids": [1, 3, 5]})
+    cfg, stats = _full_vocab_export(tmp_path / "b", tiny_target_dir,
+                                    **{"target.aux_layer_ids": [1, 3, 5], "export.sglang": False})
+    store = open_store(cfg.store.uri)
+    config = json.loads(store.get_bytes(key_of(store, 't', "export", 'config.json')))
+    assert config["eagle_config"] == {"use_aux_hidden_state": True} and stats["sglang_aux_layer_ids"] is None
+    assert "for vLLM only" in store.get_bytes(key_of(store, 't', "export", 'SERVING.md')).decode()
+    assert verify_stage(store, "t", "export", deep=True, content_check=export_stage.deep_check).complete
+
+
+def test_a_llama_target_exports_ids_one_less_for_sglang(tmp_path, tiny_target_dir):
+    cfg = pipeline_config(tmp_path / "store", tiny_target_dir("llama"), **{"target.aux_layer_ids": [1, 3, 5]})
+    commit_generate(cfg, random_samples(2), tmp_path)
+    run_stage(cfg, "extract")
+    commit_vocab(cfg, torch.arange(1024, 0, -1), 64, tmp_path)
+    commit_untrained_train(cfg, 64, tmp_path)
+    stats = run_stage(cfg, "export")
+    assert (stats["target_family"], stats["sglang_aux_layer_ids"]) == ("Llama", [0, 2, 4])
+    store = open_store(cfg.store.uri)
+    note = store.get_bytes(key_of(store, 't', "export", 'SERVING.md')).decode()
+    assert "eagle_aux_hidden_state_layer_ids` = [0, 2, 4]" in note and "adds 1 to every id" in note

@@ -161,9 +161,13 @@ def assert_the_race_evaluates_as_the_evaluate_stage(config: Path, drafter: Path,
     objects = LocalStore(store)
     last = run_checkpoints(objects, run_id)[-1]
     out = store.parent / "curve-export"
+    from eagle3.config import load_config
+    from eagle3.export.stage import serving_facts
+
+    facts = serving_facts(load_config(config), json.loads(path_of(objects, run_id, "extract", "index.json").read_text()))
     load("curve").export_our_checkpoint(objects.local_path(last.prefix),
                                         json.loads(path_of(objects, run_id, "train", "drafter_config.json").read_text()),
-                                        path_of(objects, run_id, "vocab", "vocab_mapping.safetensors"), out)
+                                        path_of(objects, run_id, "vocab", "vocab_mapping.safetensors"), out, facts)
     for name in ("config.json", "model.safetensors", "SERVING.md"):
         assert (out / name).read_bytes() == (drafter / name).read_bytes(), name
 
