@@ -63,21 +63,32 @@ def _running_scheduler(tmp_path, gpus: int = 8) -> Scheduler:
     return sched
 
 
-@pytest.mark.parametrize("width", [80, 120])
-def test_the_live_table_keeps_stage_state_and_elapsed_at_any_width(tmp_path, width):
+def rendered(table, width: int) -> tuple[str, list[str], str]:
+    """The table as a terminal of ``width`` columns shows it: text, lines, header line. Nothing is wider,
+    nothing is cut with an ellipsis, and stage, state and elapsed head it."""
     console = Console(width=width, record=True)
-    console.print(render(_running_scheduler(tmp_path), width))
+    console.print(table)
     text = console.export_text()
     lines = text.splitlines()
     assert max(len(ln.rstrip()) for ln in lines) <= width
     assert "…" not in text, "nothing is cut with an ellipsis"
     header = next(ln for ln in lines if ln.startswith("┃"))
-    for col in ("stage", "state", "elapsed"):
-        assert col in header
-    for stage, state, elapsed in [("serve", "running", "1:15"), ("generate", "running", "1:01"),
-                                  ("train", "running", "1:01:40"), ("extract", "waiting", "-")]:
+    assert all(col in header for col in ("stage", "state", "elapsed")), header
+    return text, lines, header
+
+
+def assert_rows(lines: list[str], expected: list[tuple[str, str, str]]) -> None:
+    """Each (stage, state, elapsed) whole on its stage's row."""
+    for stage, state, elapsed in expected:
         row = next(ln for ln in lines if f" {stage} " in ln)
         assert f" {state} " in row and f" {elapsed} " in row, row
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_live_table_keeps_stage_state_and_elapsed_at_any_width(tmp_path, width):
+    text, lines, header = rendered(render(_running_scheduler(tmp_path), width), width)
+    assert_rows(lines, [("serve", "running", "1:15"), ("generate", "running", "1:01"),
+                        ("train", "running", "1:01:40"), ("extract", "waiting", "-")])
     assert "120/100" not in text, "done is never shown above total"
     if width == 120:
         for col in ("progress", "note", "throughput"):
@@ -115,19 +126,10 @@ def _summary(tmp_path) -> dict:
 
 @pytest.mark.parametrize("width", [80, 120])
 def test_status_keeps_stage_state_and_elapsed_at_any_width(tmp_path, width):
-    console = Console(width=width, record=True)
-    console.print(status_table(_summary(tmp_path), width))
-    text = console.export_text()
-    lines = text.splitlines()
-    assert max(len(ln.rstrip()) for ln in lines) <= width
-    assert "…" not in text
-    header = next(ln for ln in lines if ln.startswith("┃"))
-    for col in ("stage", "state", "elapsed", "note"):
-        assert col in header
-    for stage, state, elapsed in [("generate", "complete", "1:08"), ("extract", "incomplete", "0:07"),
-                                  ("train", "running", "1:02:05"), ("export", "not run", "-")]:
-        row = next(ln for ln in lines if f" {stage} " in ln)
-        assert f" {state} " in row and f" {elapsed} " in row, row
+    text, lines, header = rendered(status_table(_summary(tmp_path), width), width)
+    assert "note" in header
+    assert_rows(lines, [("generate", "complete", "1:08"), ("extract", "incomplete", "0:07"),
+                        ("train", "running", "1:02:05"), ("export", "not run", "-")])
     assert "120 steps" in text and "120/100" not in text
     assert "shard-00003.safetensors:sha256differs" in column_text(lines, "note").replace(" ", ""), "folded, not cut"
     if width == 120:
