@@ -1,7 +1,9 @@
 """``eagle3ctl init``: a commented config, generated from the settings models so it never drifts.
 
 Every field appears with its default and its description as a comment; the result loads
-back as a valid config (a test checks it).
+back as a valid config and passes the run's checks for the model it names (tests check both):
+a default that cannot hold for the target (a draft vocab larger than its vocab) is replaced by
+one derived from it, and ``run_id`` stays unset, so the run is named after the file.
 """
 
 from __future__ import annotations
