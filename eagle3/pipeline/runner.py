@@ -31,7 +31,7 @@ from eagle3.pipeline.runstate import RunState, run_dir
 from eagle3.pipeline.scheduler import RunResult, Scheduler, Selection
 from eagle3.store import ObjectStore
 
-RUN_CONFIG = "_run/config.json"  # the resolved config of the latest attempt that committed a stage (status, verify without -c)
+RUN_CONFIG = "_run/config.json"  # the config of the latest attempt that committed a stage or ended complete (ConfigRecord)
 
 
 def open_backend(cfg: PipelineConfig, state: RunState) -> Backend:
@@ -88,26 +88,28 @@ def start_record(cfg: PipelineConfig, state: RunState) -> None:
               finished=False, ended_at=None, outcome=None)
 
 
-def recording_config(cfg: PipelineConfig, store: ObjectStore, on_change: Callable[[Any, str], None]) -> Callable[[Any, str], None]:
-    """``on_change`` that also records this attempt's config as the run's (``RUN_CONFIG``) once it
-    commits a stage: ``status`` and ``verify`` without ``-c`` judge the run by the config its
-    output was made with, never by an attempt that failed before committing anything. Local
-    prompt files are recorded by absolute path (they key by content): the same from any directory."""
-    recorded = False
+class ConfigRecord:
+    """Records this attempt's config as the run's (``RUN_CONFIG``) once it commits a stage, or ends
+    with every stage complete for it: ``status`` and ``verify`` without ``-c`` judge the run by the
+    config its output was made with, never by an attempt that failed before committing anything.
+    Local prompt files are recorded by absolute path (they key by content): the same from any directory."""
 
-    def on_change_and_record(sched: Any, message: str) -> None:
-        nonlocal recorded
-        if not recorded and any(row.state == "done" for row in sched.rows.values()):
-            data = cfg.model_dump(mode="json")
-            for section, name in FILE_FIELDS:
-                path = local_file(data[section][name])
-                if path is not None:
-                    data[section][name] = str(path.resolve())
-            store.put_bytes(f"{cfg.run_id}/{RUN_CONFIG}", json.dumps(data, indent=2).encode())
-            recorded = True
-        on_change(sched, message)
+    def __init__(self, cfg: PipelineConfig, store: ObjectStore, on_change: Callable[[Any, str], None]) -> None:
+        self.cfg, self.store, self.forward, self.done = cfg, store, on_change, False
 
-    return on_change_and_record
+    def on_change(self, sched: Any, message: str) -> None:
+        if not self.done and any(row.state == "done" for row in sched.rows.values()):
+            self.record()
+        self.forward(sched, message)
+
+    def record(self) -> None:
+        data = self.cfg.model_dump(mode="json")
+        for section, name in FILE_FIELDS:
+            path = local_file(data[section][name])
+            if path is not None:
+                data[section][name] = str(path.resolve())
+        self.store.put_bytes(f"{self.cfg.run_id}/{RUN_CONFIG}", json.dumps(data, indent=2).encode())
+        self.done = True
 
 
 @contextmanager
@@ -166,7 +168,8 @@ def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str]
         record_digests(store, cfg)
         start_record(cfg, state)
         view = make_view(echo, tty)
-        sched = Scheduler(cfg, backend, store, selection, state=state, on_change=recording_config(cfg, store, view.on_change),
+        recorded = ConfigRecord(cfg, store, view.on_change)
+        sched = Scheduler(cfg, backend, store, selection, state=state, on_change=recorded.on_change,
                           poll_interval=poll_interval, lease=lease)
         try:
             with sigterm_as_interrupt(), view:
@@ -174,6 +177,8 @@ def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str]
         except Eagle3Error:
             state.set(finished=True, ended_at=time.time(), outcome="error")
             raise
+        if result.ok and not recorded.done:  # every stage complete for this config (skipped or adopted)
+            recorded.record()
         outcome = "interrupted" if result.interrupted else ("ok" if result.ok else "failed")
         state.set(finished=True, ended_at=time.time(), outcome=outcome)
         return PipelineRun(cfg, result, state, str(state.dir / "logs"), tty=isinstance(view, LiveView))

@@ -2,8 +2,8 @@
 
 A run read with ``-c`` is judged against that config (what ``run`` would do with it); a run read
 by ``--run-id`` alone against the config recorded in the store for it, the config of its latest
-attempt that committed a stage (``eagle3.pipeline.runner.recording_config``): the same answer as
-``verify``, from any directory, whatever later attempt failed before committing anything.
+attempt that committed a stage or ended complete (``eagle3.pipeline.runner.ConfigRecord``): the
+same answer as ``verify``, from any directory, whatever later attempt failed before committing.
 """
 
 from __future__ import annotations

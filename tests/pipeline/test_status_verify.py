@@ -110,3 +110,15 @@ def test_local_logs_are_kept_per_store_and_run(tmp_path: Path) -> None:
     one, two = f"file://{tmp_path}/a", f"file://{tmp_path}/b"
     assert run_dir("r", one) != run_dir("r", two) and run_dir("r", one) == run_dir("r", one)
     assert run_dir("r", one).name.startswith("r-") and run_dir("r", one) != run_dir("r2", one)
+
+
+def test_an_attempt_that_ends_complete_records_its_config_too(project: Project, tmp_path: Path) -> None:
+    """A run whose stages were all adopted or skipped commits nothing, yet its output is its config's."""
+    assert runner.invoke(app, ["run", "pipeline", "-c", "run.yaml"]).exit_code == 0
+    recorded = tmp_path / "store/r/_run/config.json"
+    first = json.loads(recorded.read_text())
+    assert first["generate"]["prompts"] == str(project.home / "prompts.jsonl"), "by absolute path"
+    recorded.unlink()
+    r = runner.invoke(app, ["run", "pipeline", "-c", "run.yaml"])
+    assert r.exit_code == 0 and r.output.count(": skipped (complete") == len(ORDER)
+    assert json.loads(recorded.read_text()) == first
