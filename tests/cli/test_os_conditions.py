@@ -83,6 +83,10 @@ def test_a_binary_config_and_a_duplicate_key_are_config_errors(workdir):
     assert "duplicate key 'run_id'" in runner.invoke(app, ["verify", "-c", "dup2.yaml"]).output
     (workdir / "ok.yaml").write_text("train:\n  lr: 0.1\nvocab:\n  draft_vocab_size: 64\n")  # one key in two sections
     assert load_config(workdir / "ok.yaml").train.lr == 0.1
+    from eagle3.config import read_config_file
+
+    (workdir / "merge.yaml").write_text("a: &base\n  lr: 1\n  x: 2\nb:\n  <<: *base\n  lr: 3\n")  # a merge may override
+    assert read_config_file(workdir / "merge.yaml")["b"] == {"lr": 3, "x": 2}
 
 
 @pytest.mark.parametrize("argv, code, says", [
