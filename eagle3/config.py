@@ -43,10 +43,13 @@ ENV_PREFIX = "EAGLE3_"
 _OVERRIDES: ContextVar[dict[str, Any]] = ContextVar("eagle3_config_overrides", default={})
 
 
+DEFAULT_STORE_URI = "file://./eagle3-store"
+
+
 class StoreSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    uri: str = Field("file://./eagle3-store", description="file://PATH (embedded default) or s3://BUCKET[/PREFIX].")
+    uri: str = Field(DEFAULT_STORE_URI, description="file://PATH (embedded default) or s3://BUCKET[/PREFIX].")
     endpoint_url: str | None = Field(None, description="S3 endpoint for MinIO / Ceph / R2; default AWS (or AWS_ENDPOINT_URL).")
     region: str | None = Field(None, description="S3 region.")
     max_attempts: int = Field(10, ge=1, le=100, description="S3: attempts per call, the first included (botocore retries with backoff).")
@@ -149,20 +152,41 @@ def _check_env_names() -> None:
                 )
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (YAML keeps the last, silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` overrides by design
+                continue
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {p}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {p} is a folder") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {p} is not text (not UTF-8): is it the YAML config?") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"config file {p}{where} is not valid YAML") from None
+        problem = getattr(e, "problem", None) or ""
+        why = f": {problem}" if problem.startswith("duplicate key") else " is not valid YAML"
+        raise ConfigError(f"config file {p}{where}{why}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping at the top level")
     return data

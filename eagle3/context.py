@@ -111,7 +111,24 @@ def stage_input_key(cfg: PipelineConfig, spec: StageSpec, upstream: dict[str, Lo
     return compute_input_key(spec.name, stage_config(cfg, spec, store), {k: v.digest for k, v in upstream.items()})
 
 
-def open_run_store(cfg: PipelineConfig) -> ObjectStore:
+def local_store_root(uri: str) -> Path | None:
+    """The folder of a ``file://`` store URI (or a plain path); None for s3://."""
+    if uri.startswith("s3://"):
+        return None
+    raw = uri[len("file://"):] if uri.startswith("file://") else uri
+    return Path(raw) if raw else None
+
+
+def open_run_store(cfg: PipelineConfig, create: bool = True) -> ObjectStore:
+    """The run's store; ``create=False`` (commands that only read) makes no folder for a
+    ``file://`` store that is not there, and says there is no such run."""
+    if not create:
+        root = local_store_root(cfg.store.uri)
+        if root is not None and not root.is_dir():
+            from eagle3.errors import RunNotFound
+
+            raise RunNotFound(f"run {cfg.run_id} has nothing in file://{root.resolve()}: no such store folder "
+                              f"(check -c / --run-id and --store)")
     store = open_store(cfg.store.uri, cfg.store.endpoint_url, cfg.store.region, cfg.store.max_attempts,
                        cfg.store.retry_mode)
     check = getattr(store, "check", None)

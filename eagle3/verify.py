@@ -2,7 +2,8 @@
 
 Every stage of a run that has started must be complete: a stage with no output is a
 problem, not "not run". Each stage's input key is recomputed from the config (the one
-given, else the config recorded at the run's latest start) and its upstream manifests, so
+given, else the config recorded for the run by its latest attempt that committed a stage,
+as ``status`` judges it) and its upstream manifests, so
 a stage left behind by a changed setting or a rerun upstream is reported as stale, with the
 settings that differ when the manifest recorded them.
 """
@@ -20,7 +21,7 @@ from eagle3.store import ObjectStore
 
 
 def recorded_config(store: ObjectStore, run_id: str) -> PipelineConfig | None:
-    """The resolved config the run's latest attempt started with (``_run/config.json``)."""
+    """The resolved config of the run's latest attempt that committed a stage (``_run/config.json``)."""
     from eagle3.pipeline.runner import RUN_CONFIG
 
     key = f"{run_id}/{RUN_CONFIG}"
@@ -54,24 +55,35 @@ def _stale_reason(cfg: PipelineConfig, name: str, m: Any, upstream: dict[str, Lo
     return "stale: its input key no longer matches the config, upstream or code"
 
 
+def guarded(stage: str, check: Any) -> Any:
+    """A stage's content check whose unforeseen failure (a reader refusing a damaged file) is one
+    problem of that stage, so verify goes on with the next."""
+    if check is None:
+        return None
+
+    def run(store: ObjectStore, manifest: Any) -> list[str]:
+        try:
+            return check(store, manifest)
+        except Exception as e:  # noqa: BLE001 - any reader's error is a finding about the stage's objects
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            return [f"content check of {stage} could not read its objects: {type(e).__name__}: {first}"]
+
+    return run
+
+
 def verify_run(cfg: PipelineConfig, stages: list[str] | None, deep: bool, echo: Callable[[str], None],
                config_given: bool = True) -> bool:
     """Print one line per stage (and one per problem); True when every named (else every) stage
     is complete for the config's input keys."""
-    from eagle3.pipeline.status import require_run
+    from eagle3.pipeline.status import judged_config, require_run
 
     for name in stages or ():
         get_stage(name)  # an unknown name is a config error, before the store is asked
-    store = open_run_store(cfg)
+    store = open_run_store(cfg, create=False)
     require_run(store, cfg.run_id)
-    keys_checked = True
-    if not config_given:
-        recorded = recorded_config(store, cfg.run_id)
-        if recorded is not None:
-            cfg = recorded.model_copy(update={"run_id": cfg.run_id, "store": cfg.store})
-        else:
-            keys_checked = False
-            echo("note: no config given and none recorded in the store: input keys are not checked")
+    cfg, keys_checked = judged_config(cfg, store, config_given)  # the same judge as `status`
+    if not keys_checked:
+        echo("note: no config given and none recorded in the store: input keys are not checked")
     ok = True
     complete: dict[str, LoadedManifest] = {}
     for name in ORDER:
@@ -80,7 +92,8 @@ def verify_run(cfg: PipelineConfig, stages: list[str] | None, deep: bool, echo: 
         missing_ups = [u for u in spec.needs if u not in complete]
         key = None if missing_ups or not keys_checked else stage_input_key(
             cfg, spec, {u: complete[u] for u in spec.needs}, store)
-        check = spec.load_check() if deep and shown else None
+        # content checks read upstream objects too: not over an upstream already found damaged
+        check = guarded(name, spec.load_check()) if deep and shown and not missing_ups else None
         v = verify_stage(store, cfg.run_id, name, input_key=None, deep=deep and shown, content_check=check)
         problems = list(v.problems)
         if v.manifest is None and not store.has_prefix(f"{cfg.run_id}/{name}"):

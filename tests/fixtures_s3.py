@@ -16,7 +16,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from tests.waiting import until
 
 __all__ = ["MotoS3", "moto_s3", "s3_store_uri"]
 
@@ -67,17 +68,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_up(endpoint: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"moto server exited with {proc.returncode}")
+def _wait_up(endpoint: str, proc: subprocess.Popen) -> None:
+    """Until the server answers, however long its start takes on a loaded machine; an exit is an error."""
+
+    def answers() -> bool:
         try:
-            httpx.get(f"{endpoint}/moto-api/", timeout=1.0)
-            return
+            httpx.get(f"{endpoint}/moto-api/", timeout=None)
+            return True
         except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError(f"moto server did not come up at {endpoint} within {timeout}s")
+            return False
+
+    if not until(answers, proc):
+        raise RuntimeError(f"moto server exited with {proc.returncode}")
 
 
 @pytest.fixture(scope="session")

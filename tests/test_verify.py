@@ -45,7 +45,7 @@ def _raw_key(uri: str, key: str) -> str:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([EAGLE3CTL, *args], capture_output=True, text=True, timeout=180)
+    return subprocess.run([EAGLE3CTL, *args], capture_output=True, text=True)
 
 
 def _config(tmp_path: Path, uri: str, draft: int) -> str:

@@ -6,9 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from eagle3.cli.common import ConfigOpt, RunIdOpt, StoreOpt, config_from, one_line_errors, run_app
+from eagle3.cli.common import HELP, ConfigOpt, RunIdOpt, StoreOpt, config_from, one_line_errors, run_app, version_text
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train EAGLE-3 drafters as manifest-checked stages.")
+app = typer.Typer(add_completion=False, context_settings=HELP, help="Train EAGLE-3 drafters as manifest-checked stages.")
 
 
 from eagle3.cli import inspect as _inspect  # noqa: E402
@@ -19,15 +19,29 @@ from eagle3.cli.run import app as _run_app  # noqa: E402
 app.add_typer(_run_app, name="run")
 app.command("status")(_inspect.status)
 app.command("logs")(_inspect.logs)
+app.command("show")(_inspect.show)
 app.command("report")(_manage.report)
 app.command("down")(_manage.down)
 app.command("init")(_manage.init)
 app.command("render")(_render)
 
 
-@app.callback()
-def _root() -> None:
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit()
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    ctx: typer.Context,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
     """eagle3ctl: run, inspect and verify EAGLE-3 drafter pipelines."""
+    if ctx.invoked_subcommand is None:  # bare `eagle3ctl`: the help, and success
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
 
 
 @app.command()

@@ -21,6 +21,18 @@ BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="local or k
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+HELP = {"help_option_names": ["-h", "--help"]}  # every command group takes -h as well as --help
+
+
+def version_text() -> str:
+    """``eagle3ctl <version>`` as installed (a checkout installed with ``pip install -e .`` included)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"eagle3ctl {version('eagle3ctl')}"
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "eagle3ctl (not installed: run `pip install -e .` in the checkout)"
+
 
 def config_from(config: Path | None, run_id: str | None = None, store: str | None = None, backend: str | None = None,
                 extra: dict[str, Any] | None = None) -> PipelineConfig:
@@ -43,6 +55,12 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def os_error_line(e: OSError) -> str:
+    """``PATH: reason`` as the shell's tools say it; the reason alone when the OS named no file."""
+    reason = e.strerror or str(e) or type(e).__name__
+    return f"{e.filename}: {reason}" if e.filename else reason
+
+
 def one_line_errors(func: F) -> F:
     """Known errors become 'error: …' and a non-zero exit; tracebacks only with EAGLE3_DEBUG=1."""
 
@@ -59,6 +77,12 @@ def one_line_errors(func: F) -> F:
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
+        except OSError as e:  # the machine refusing (disk full, no permission, read-only): not a bug
+            record_exit_code(1)
+            if os.environ.get("EAGLE3_DEBUG"):
+                raise
+            typer.echo(f"error: {os_error_line(e)}", err=True)
+            raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -1,4 +1,4 @@
-"""``eagle3ctl status`` and ``eagle3ctl logs STAGE``: look at a run, from any shell."""
+"""``eagle3ctl status``, ``logs STAGE`` and ``show drafter``: look at a run, from any shell."""
 
 from __future__ import annotations
 
@@ -18,29 +18,21 @@ def status(
     store: StoreOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Each stage's state from its manifest (complete / incomplete and why / not run) with key stats."""
+    """Each stage's state from its manifest (complete / incomplete and why / not run) with key stats.
+
+    With --run-id alone the run is judged against the config recorded in the store for it."""
     from rich.console import Console
-    from rich.table import Table
 
-    from eagle3.pipeline.status import run_summary
+    from eagle3.pipeline.status import run_summary, status_table
 
-    summary = run_summary(config_from(config, run_id, store))
+    summary = run_summary(config_from(config, run_id, store), config_given=config is not None)
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
         return
-    table = Table(title=f"run {summary['run_id']} ({summary['store']})" + (" — in progress" if summary["in_progress"] else ""),
-                  title_justify="left")
-    for col in ("stage", "state", "finished", "stats", "note"):
-        table.add_column(col, overflow="fold")
-    for s in summary["stages"]:
-        stats = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (s.get("stats") or {}).items())
-        note = s.get("reason") or ""
-        if s["state"] == "running":
-            p = s.get("progress") or {}
-            done = f"{p['done']:g}/{p['total']:g} {p['unit']}" if p.get("total") else f"{p.get('done', 0):g} {p.get('unit', '')}"
-            note = f"{done}, {s['elapsed_s']:.0f}s elapsed" if p else f"{s['elapsed_s']:.0f}s elapsed"
-        table.add_row(s["stage"], s["state"], (s.get("finished_at") or "-")[:19], stats or "-", note)
-    Console(width=max(100, Console().width)).print(table)
+    console = Console()
+    console.print(status_table(summary, console.width))
+    if not summary["input_keys_checked"]:
+        typer.echo("note: no config given and none recorded in the store: input keys are not checked")
 
 
 @one_line_errors
@@ -55,6 +47,7 @@ def logs(
 ) -> None:
     """Print the log of the stage's latest attempt."""
     from eagle3.context import open_run_store
+    from eagle3.errors import RunNotFound
     from eagle3.pipeline.runner import open_backend
     from eagle3.pipeline.runstate import RunState
     from eagle3.stages import get_stage
@@ -62,9 +55,12 @@ def logs(
     if stage != "serve":
         get_stage(stage)
     cfg = config_from(config, run_id, store, backend)
-    b = open_backend(cfg, RunState(open_run_store(cfg), cfg.run_id))
-    lines = b.logs(stage, tail=tail or None)
-    if not lines and not follow:
+    try:
+        b = open_backend(cfg, RunState(open_run_store(cfg, create=False), cfg.run_id))
+    except RunNotFound:  # no store folder: nothing ran, so there is no log (and none is made)
+        b = None
+    lines = b.logs(stage, tail=tail or None) if b is not None else []
+    if b is None or (not lines and not follow):
         typer.echo(f"no log for {stage} in run {cfg.run_id} yet", err=True)
         raise typer.Exit(1)
     for ln in lines:
@@ -78,3 +74,29 @@ def logs(
         for ln in now[seen:]:
             typer.echo(ln)
         seen = len(now)
+
+
+@one_line_errors
+def show(
+    what: Annotated[str, typer.Argument(help="drafter: where the run's exported drafter is (its folder on a file:// "
+                                        "store, else its URI), as the export manifest names it.")],
+    config: ConfigOpt = None,
+    run_id: RunIdOpt = None,
+    store: StoreOpt = None,
+) -> None:
+    """Print where something of the run is; a stable command for a path that changes with each attempt."""
+    from eagle3.context import open_run_store
+    from eagle3.errors import ConfigError, RunNotFound
+    from eagle3.manifest import verify_stage
+    from eagle3.pipeline.report import drafter_location
+    from eagle3.pipeline.status import require_run
+
+    if what != "drafter":
+        raise ConfigError(f"show {what!r}: nothing of that name; show takes: drafter")
+    cfg = config_from(config, run_id, store)
+    run_store = open_run_store(cfg, create=False)
+    require_run(run_store, cfg.run_id)
+    v = verify_stage(run_store, cfg.run_id, "export")
+    if not v.complete:
+        raise RunNotFound(f"run {cfg.run_id} has no exported drafter: export is not complete ({v.reason})")
+    typer.echo(drafter_location(cfg, run_store))

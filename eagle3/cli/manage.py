@@ -19,10 +19,14 @@ def init(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write a config with every setting, its default and what it means."""
+    from eagle3.config import derived_run_id
     from eagle3.pipeline.init import write_config
 
-    out = write_config(path, {"target.model": model, "run_id": run_id, "store.uri": store}, overwrite=force)
-    typer.echo(f"wrote {out}; run it with: eagle3ctl run pipeline -c {out}")
+    out, notes = write_config(path, {"target.model": model, "run_id": run_id, "store.uri": store}, overwrite=force)
+    for line in notes:
+        typer.echo(line)
+    named = run_id or f"{derived_run_id(out)} (named after the file; set run_id in it to choose a name)"
+    typer.echo(f"wrote {out}, run {named}; run it with: eagle3ctl run pipeline -c {out}")
 
 
 @one_line_errors
@@ -48,11 +52,17 @@ def down(
 ) -> None:
     """Stop whatever the run started (server, stages); the store is left as it is."""
     from eagle3.context import open_run_store
+    from eagle3.errors import RunNotFound
     from eagle3.pipeline.runner import open_backend
     from eagle3.pipeline.runstate import RunState
 
     cfg = config_from(config, run_id, store, backend)
-    removed = open_backend(cfg, RunState(open_run_store(cfg), cfg.run_id)).down()
+    try:  # a local run with no store folder has started nothing; a cluster's objects are looked up there
+        run_store = open_run_store(cfg, create=cfg.backend != "local")
+    except RunNotFound:
+        typer.echo(f"nothing of run {cfg.run_id} is running")
+        return
+    removed = open_backend(cfg, RunState(run_store, cfg.run_id)).down()
     for what in removed:
         typer.echo(f"stopped {what}")
     if not removed:

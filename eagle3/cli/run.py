@@ -7,12 +7,20 @@ from typing import Annotated, Optional
 
 import typer
 
-from eagle3.cli.common import BackendOpt, ConfigOpt, RunIdOpt, StoreOpt, config_from, one_line_errors
+from eagle3.cli.common import HELP, BackendOpt, ConfigOpt, RunIdOpt, StoreOpt, config_from, one_line_errors
 
 ReuseOpt = Annotated[Optional[str], typer.Option("--reuse-from", metavar="RUN", help="Adopt the stages of run RUN (same store) whose config, code and inputs are this run's, instead of running them: their objects are copied (hard links on disk, server-side copies on S3) and verified first.")]
 CancelOpt = Annotated[bool, typer.Option("--cancel", help="Kubernetes: Ctrl-C deletes the running Jobs (default: they run on, and the next run attaches to them).")]
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run the pipeline, or one stage, on the configured backend.")
+app = typer.Typer(add_completion=False, context_settings=HELP, help="Run the pipeline, or one stage, on the configured backend.")
+
+
+@app.callback(invoke_without_command=True)
+def _group(ctx: typer.Context) -> None:
+    """Run the pipeline, or one stage, on the configured backend."""
+    if ctx.invoked_subcommand is None:  # bare `eagle3ctl run`: the help, and success
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
 
 
 def _finish(run: object) -> None:

@@ -6,9 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from eagle3.cli.common import ConfigOpt, RunIdOpt, StoreOpt, config_from, one_line_errors, run_app
+from eagle3.cli.common import HELP, ConfigOpt, RunIdOpt, StoreOpt, config_from, one_line_errors, run_app
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run one eagle3 pipeline stage.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings=HELP, help="Run one eagle3 pipeline stage.")
 
 
 @app.callback()

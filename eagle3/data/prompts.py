@@ -33,6 +33,7 @@ _CHAT_ROLES = {"system", "user", "assistant"}
 class Prompt:
     sample_id: int
     messages: list[dict[str, str]]
+    line: int = 0  # 1-based line of the prompts file (0: not read from a file)
 
 
 class MalformedLine(ValueError):
@@ -98,6 +99,10 @@ def parse_line(line: str) -> list[dict[str, str]]:
 
 def parse_prompts(data: bytes, source: str, system_prompt: str | None = None) -> list[Prompt]:
     """All prompts of a JSONL file; one StageError naming every malformed line."""
+    nul = data.find(b"\0")
+    if nul >= 0:  # an archive, a tensor file, UTF-16 text: not one line of it would parse
+        line = data.count(b"\n", 0, nul) + 1
+        raise StageError(f"{source}: binary content (a NUL byte on line {line}), not JSONL text")
     prompts: list[Prompt] = []
     bad: list[tuple[int, str]] = []
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
@@ -113,7 +118,7 @@ def parse_prompts(data: bytes, source: str, system_prompt: str | None = None) ->
             continue
         if system_prompt is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": system_prompt}, *messages]
-        prompts.append(Prompt(len(prompts), messages))
+        prompts.append(Prompt(len(prompts), messages, lineno))
     if bad:
         named = ", ".join(str(n) for n, _ in bad[:MAX_LINES_NAMED])
         more = f" (+{len(bad) - MAX_LINES_NAMED} more)" if len(bad) > MAX_LINES_NAMED else ""

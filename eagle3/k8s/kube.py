@@ -93,7 +93,7 @@ class KubeClient:
         try:
             from kubernetes import client, config
         except ImportError:
-            raise KubeError("the Kubernetes backend needs the API client: pip install 'eagle3ctl[k8s]'") from None
+            raise KubeError("the Kubernetes backend needs the API client: pip install -e '.[k8s]' in the eagle3ctl checkout") from None
         from kubernetes.config.config_exception import ConfigException
 
         try:

@@ -153,7 +153,7 @@ def render_chart(values: dict[str, Any], release: str, namespace: str, chart_dir
     try:
         import helm_python as helm
     except ImportError:
-        raise ConfigError("the Kubernetes backend needs Helm's engine: pip install 'eagle3ctl[k8s]'") from None
+        raise ConfigError("the Kubernetes backend needs Helm's engine: pip install -e '.[k8s]' in the eagle3ctl checkout") from None
     try:
         with helm.Chart.load(chart_dir) as chart:
             chart.validate_schema(values)

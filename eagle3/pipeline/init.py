@@ -1,7 +1,9 @@
 """``eagle3ctl init``: a commented config, generated from the settings models so it never drifts.
 
 Every field appears with its default and its description as a comment; the result loads
-back as a valid config (a test checks it).
+back as a valid config and passes the run's checks for the model it names (tests check both):
+a default that cannot hold for the target (a draft vocab larger than its vocab) is replaced by
+one derived from it, and ``run_id`` stays unset, so the run is named after the file.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import yaml
 from pydantic import BaseModel
 
 from eagle3.config import PipelineConfig
-from eagle3.errors import ConfigError
+from eagle3.errors import ConfigError, Eagle3Error
 
 WIDTH = 100
 
@@ -71,11 +73,14 @@ def _model_lines(model: type[BaseModel], values: dict[str, Any], indent: str) ->
 
 
 def config_template(overrides: dict[str, Any] | None = None) -> str:
-    """The whole config with defaults (plus ``overrides``, dotted keys) and a comment per field."""
+    """The whole config with defaults (plus ``overrides``, dotted keys) and a comment per field.
+
+    ``run_id`` stays unset unless given: the run is then named after the file, as documented."""
     from eagle3.config import load_config
 
     cfg = load_config(None, overrides or {})
     values = cfg.model_dump(mode="json")
+    values["run_id"] = (overrides or {}).get("run_id")
     head = ["# eagle3ctl pipeline config. Every key is optional; defaults are shown.",
             "# Environment overrides: EAGLE3_<SECTION>__<KEY>, e.g. EAGLE3_TRAIN__LR=3e-4.",
             "# Credentials (S3 keys, HF token) never go here: they come from the environment.", ""]
@@ -90,9 +95,59 @@ def config_template(overrides: dict[str, Any] | None = None) -> str:
     return "\n".join(head + body) + "\n"
 
 
-def write_config(path: Path, overrides: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
+def target_vocab_here(model: str, cache_dir: str) -> int | None:
+    """The target's vocab size when it can be read on this machine without loading it (a builtin
+    target, a local folder); None for a hub id. A local path without a config is an error."""
+    from eagle3.pipeline.preflight import local_model_problem
+    from eagle3.targets.load import builtin_arch, target_config_for_checks, target_vocab_size
+    from eagle3.targets.settings import TargetSettings
+
+    try:
+        arch = builtin_arch(model)
+    except Eagle3Error as e:
+        raise ConfigError(f"target.model: {e}") from None
+    if arch is not None:
+        from eagle3.targets.tiny import built_target_dir, tiny_vocab_size
+
+        built = built_target_dir(arch, Path(cache_dir))
+        if built is None:
+            return tiny_vocab_size(arch)
+        model = str(built)
+    problem = local_model_problem(model)
+    if problem:
+        raise ConfigError(problem)
+    if not Path(model).expanduser().is_dir():
+        return None  # a hub id: read where it is downloaded
+    try:
+        return target_vocab_size(target_config_for_checks(TargetSettings(model=model)))
+    except Eagle3Error as e:
+        raise ConfigError(f"target.model: {e}") from None
+
+
+def derived_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Defaults that cannot hold for the target, replaced by values derived from it, and a line for each."""
+    from eagle3.config import load_config
+
+    cfg = load_config(None, overrides)
+    vocab = target_vocab_here(cfg.target.model, cfg.target.cache_dir)
+    if vocab is None:
+        return overrides, [f"note: target {cfg.target.model} is not on this machine; vocab.draft_vocab_size stays "
+                           f"{cfg.vocab.draft_vocab_size} (it must not exceed the target's vocab)"]
+    if cfg.vocab.draft_vocab_size <= vocab or overrides.get("vocab.draft_vocab_size") is not None:
+        return overrides, []
+    return {**overrides, "vocab.draft_vocab_size": vocab}, [
+        f"vocab.draft_vocab_size: {vocab}, the target's whole vocab (the default {cfg.vocab.draft_vocab_size} exceeds it)"]
+
+
+def write_config(path: Path, overrides: dict[str, Any] | None = None, overwrite: bool = False) -> tuple[Path, list[str]]:
+    """Write the config (derived for its target) to ``path``; the lines saying what was derived.
+    Makes no folder: a missing one is an error."""
     if path.exists() and not overwrite:
         raise ConfigError(f"{path} exists; pass --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; name a file, e.g. {path / 'eagle3.yaml'}")
+    if not path.parent.is_dir():
+        raise ConfigError(f"folder {path.parent} does not exist; create it first")
+    overrides, notes = derived_overrides({k: v for k, v in (overrides or {}).items() if v is not None})
     path.write_text(config_template(overrides))
-    return path
+    return path, notes

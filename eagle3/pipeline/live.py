@@ -14,6 +14,7 @@ from rich.table import Table
 
 from eagle3.pipeline.backend import Progress
 from eagle3.pipeline.scheduler import Scheduler, ServeRow, StageRow
+from eagle3.pipeline.table import Column, fit
 
 STATE_STYLE = {"running": "bold cyan", "done": "green", "skipped": "dim green", "failed": "bold red",
                "blocked": "red", "waiting": "yellow", "stopped": "magenta", "excluded": "dim",
@@ -28,12 +29,13 @@ def fmt_duration(seconds: float | None) -> str:
 
 
 def fmt_progress(p: Progress | None) -> str:
+    """``5/20 samples (25%)``; a total the stage ran past (an estimate) is left out, never shown below done."""
     if p is None:
         return "-"
     done = f"{p.done:,.0f}" if p.done == int(p.done) else f"{p.done:,.2f}"
-    if p.total:
+    if p.total and p.done <= p.total:
         return f"{done}/{p.total:,.0f} {p.unit} ({100 * p.done / p.total:.0f}%)"
-    return f"{done} {p.unit}"
+    return f"{done} {p.unit}".strip()
 
 
 def fmt_rate(p: Progress | None) -> str:
@@ -42,31 +44,31 @@ def fmt_rate(p: Progress | None) -> str:
     return f"{p.rate:,.1f} {p.unit}/s"
 
 
+COLUMNS = [Column("stage", keep=True), Column("state", keep=True), Column("elapsed", keep=True), Column("progress"),
+           Column("note", fold=True), Column("throughput"), Column("GPU-h")]
+
+
 def stage_cells(row: StageRow, now: float) -> list[str]:
+    """One stage's cells, in COLUMNS order."""
     gh = row.gpu_hours(now)
-    return [row.name, row.state, fmt_progress(row.progress), fmt_duration(row.elapsed(now)), fmt_rate(row.progress),
-            f"{gh:.3f}" if gh is not None else "-", row.reason]
+    return [row.name, row.state, fmt_duration(row.elapsed(now)), fmt_progress(row.progress), row.reason,
+            fmt_rate(row.progress), f"{gh:.3f}" if gh is not None else "-"]
 
 
 def serve_cells(s: ServeRow, now: float) -> list[str]:
+    """The server's cells, in COLUMNS order; its note is the reason, else the URL it serves."""
     elapsed = None if s.started_at is None else (s.ended_at or now) - s.started_at
     gh = elapsed * s.gpus / 3600 if elapsed is not None and s.gpus else None
-    note = s.reason or (s.url or "")
-    return ["serve", s.state, "-", fmt_duration(elapsed), "-", f"{gh:.3f}" if gh is not None else "-", note]
+    return ["serve", s.state, fmt_duration(elapsed), "-", s.reason or (s.url or ""), "-",
+            f"{gh:.3f}" if gh is not None else "-"]
 
 
-def render(sched: Scheduler) -> Table:
+def render(sched: Scheduler, width: int = 120) -> Table:
+    """The stage table at ``width`` columns: stage, state and elapsed always; the rest as room allows."""
     now = time.time()
-    table = Table(title=f"eagle3ctl run {sched.cfg.run_id}", title_justify="left", expand=False)
-    for col in ("stage", "state", "progress", "elapsed", "throughput", "GPU-h", "note"):
-        table.add_column(col, overflow="fold" if col == "note" else "ellipsis", no_wrap=col != "note",
-                         min_width=24 if col == "note" else None)
     rows = [serve_cells(sched.serve, now)] if sched.serve.state != "idle" else []
     rows += [stage_cells(row, now) for row in sched.rows.values()]
-    for cells in rows:
-        style = STATE_STYLE.get(cells[1])
-        table.add_row(cells[0], f"[{style}]{cells[1]}[/]" if style else cells[1], *cells[2:])
-    return table
+    return fit(f"eagle3ctl run {sched.cfg.run_id}", COLUMNS, rows, width, STATE_STYLE)
 
 
 class PlainView:
@@ -98,7 +100,7 @@ class LiveView:
     def on_change(self, sched: Scheduler, message: str) -> None:
         self._sched = sched
         if self._live is not None:
-            self._live.update(render(sched))
+            self._live.update(render(sched, self.console.width))
 
     def __enter__(self) -> LiveView:
         self._live = Live(console=self.console, refresh_per_second=2, get_renderable=self._renderable)
@@ -106,7 +108,7 @@ class LiveView:
         return self
 
     def _renderable(self) -> Any:
-        return render(self._sched) if self._sched is not None else ""
+        return render(self._sched, self.console.width) if self._sched is not None else ""
 
     def __exit__(self, *exc: Any) -> None:
         if self._live is not None:

@@ -1,11 +1,13 @@
 """Checks for the whole DAG before any stage starts, so a bad setting costs nothing.
 
 ``stages_to_run`` decides, from the manifests, which stages this run will start (selected,
-and forced, or not complete for the key they would have, or downstream of one that runs);
-``check_run`` then checks every setting those stages depend on that can be checked here:
-the draft vocab against the target's vocab, the aux layer ids against its layers, the
-tokenizer against ``target.vocab_size``, prompt files, and (through each stage's own
-hook) whether the target fits the engine that would load it. The stages check the same
+and forced, or not complete for the key they would have, or downstream of one that runs),
+and why each one with committed output runs again; ``check_run`` then checks every setting
+those stages depend on that can be checked here: the prompt files (parsed, counted, and the
+longest measured against ``generate.max_length``), a local target folder (present, with a
+config; its tokenizer loads), the draft vocab against the target's vocab, the aux layer ids
+against its layers, the tokenizer against ``target.vocab_size``, and (through each stage's
+own hook) whether the target fits the engine that would load it. The stages check the same
 again when they start (on Kubernetes the target may only exist in the cluster); none of
 them uncommits anything before its own checks pass.
 """
@@ -19,33 +21,84 @@ from eagle3.config import PipelineConfig
 from eagle3.context import stage_input_key
 from eagle3.errors import ConfigError, Eagle3Error
 from eagle3.inputs import FILE_FIELDS, local_file
-from eagle3.manifest import LoadedManifest, verify_stage
-from eagle3.stages import ORDER, STAGES
+from eagle3.manifest import LoadedManifest, Verdict, verify_stage
+from eagle3.stages import ORDER, STAGES, stage_config
 from eagle3.store import ObjectStore
 
 # Stages whose inputs include the target model's layers (aux ids) or its vocab.
 _NEEDS_AUX = {"extract", "train", "export", "evaluate"}
+# Stages that render prompts with the target's tokenizer.
+_NEEDS_TOKENIZER = {"generate", "evaluate"}
+MAX_LINES_NAMED = 5
 
 
-def stages_to_run(cfg: PipelineConfig, store: ObjectStore, selected: set[str], force: tuple[str, ...]) -> set[str]:
-    """The selected stages this run will start, judged as the scheduler will judge them."""
+def stages_to_run(cfg: PipelineConfig, store: ObjectStore, selected: set[str], force: tuple[str, ...],
+                  reasons: dict[str, str] | None = None) -> set[str]:
+    """The selected stages this run will start, judged as the scheduler will judge them; ``reasons``
+    (when given) gets, for each of them that has committed output, why it runs again."""
     complete: dict[str, LoadedManifest] = {}
     runs: set[str] = set()
+    why = reasons if reasons is not None else {}
     for name in ORDER:
         spec = STAGES[name]
-        if any(up in runs for up in spec.needs):
+        rerun_ups = [up for up in spec.needs if up in runs]
+        if rerun_ups:
             if name in selected:
                 runs.add(name)
+                if verify_stage(store, cfg.run_id, name).manifest is not None:
+                    why[name] = f"{', '.join(rerun_ups)} runs again"
             continue
         if not all(up in complete for up in spec.needs):
             continue  # blocked: the scheduler says so
-        key = stage_input_key(cfg, spec, {u: complete[u] for u in spec.needs}, store)
+        upstream = {u: complete[u] for u in spec.needs}
+        key = stage_input_key(cfg, spec, upstream, store)
         v = verify_stage(store, cfg.run_id, name, input_key=key)
         if v.complete and v.manifest is not None and name not in force:
             complete[name] = v.manifest
         elif name in selected:
             runs.add(name)
+            if v.manifest is not None:
+                why[name] = "--force" if name in force else _rerun_reason(cfg, name, v, key, upstream, store)
     return runs
+
+
+def _rerun_reason(cfg: PipelineConfig, name: str, v: Verdict, key: str, upstream: dict[str, LoadedManifest],
+                  store: ObjectStore) -> str:
+    """Why a stage with a manifest is not complete: what changed since it ran, or what of its output is damaged."""
+    from eagle3.verify import config_changes
+
+    assert v.manifest is not None
+    m = v.manifest.manifest
+    if m.input_key != key:
+        ups = [u for u in upstream if m.upstream.get(u) != upstream[u].digest]
+        if ups:
+            return f"{', '.join(ups)} changed since it ran"
+        changes = config_changes(m.config, stage_config(cfg, STAGES[name], store)) if m.config is not None else []
+        if changes:
+            return "the config changed (" + "; ".join(changes[:3]) + (" …" if len(changes) > 3 else "") + ")"
+        return "its input key changed (the code version or a setting it hashes)"
+    damaged = [p for p in v.problems if "input key changed" not in p]
+    reason = damaged[0] if damaged else v.reason
+    return reason.replace(f"{store.uri}/{m.prefix}/", "")  # object names relative to its attempt folder
+
+
+def local_model_problem(model: str) -> str | None:
+    """What is wrong with a ``target.model`` that names a folder on this machine; None for a hub id
+    (``org/name``) or a good folder. A path is one that exists, is absolute, starts with ``.`` or
+    ``~``, or has more than one ``/``."""
+    if model.startswith("builtin:"):
+        return None
+    path = Path(model).expanduser()
+    looks_local = path.exists() or model.startswith(("/", ".", "~")) or model.count("/") > 1
+    if not looks_local:
+        return None
+    if not path.exists():
+        return f"target.model: no such folder: {path}"
+    if not path.is_dir():
+        return f"target.model: {path} is not a folder (a Hugging Face model folder with config.json)"
+    if not (path / "config.json").is_file():
+        return f"target.model: {path} has no config.json (not a Hugging Face model folder)"
+    return None
 
 
 def _target_config(cfg: PipelineConfig) -> tuple[Any, str] | None:
@@ -56,6 +109,9 @@ def _target_config(cfg: PipelineConfig) -> tuple[Any, str] | None:
     from eagle3.targets.load import builtin_arch, resolve_target, target_config_for_checks
     from eagle3.targets.tiny import built_target_dir
 
+    problem = local_model_problem(cfg.target.model)
+    if problem:
+        raise ConfigError(problem)
     arch = builtin_arch(cfg.target.model)
     if arch is not None and built_target_dir(arch, Path(cfg.target.cache_dir)) is None:
         from transformers.utils import logging as hf_logging
@@ -78,17 +134,94 @@ def check_run(cfg: PipelineConfig, to_run: set[str], echo: Callable[[str], None]
             problems.append(f"{section}.{name}: file not found: {path}")
     if problems:  # before loading (or building) the target
         raise ConfigError("; ".join(problems))
+    prompts = _read_prompt_files(cfg, to_run, problems)
     try:
         found = _target_config(cfg)
     except Eagle3Error as e:
-        raise ConfigError(str(e)) from None
+        raise ConfigError("; ".join([*problems, str(e)])) from None
     if found is None:
         echo(f"preflight: target {cfg.target.model} is not on this machine; its checks run in the stages")
     else:
         problems += _target_problems(cfg, to_run, *found)
         problems += _stage_hooks(cfg, to_run)  # they read the target too (e.g. does it fit the engine)
+        if not problems and "generate" in prompts:
+            problems += _prompt_length_problems(cfg, prompts["generate"])
     if problems:
         raise ConfigError("; ".join(problems))
+    for section, parsed in prompts.items():
+        echo(f"preflight: {section}.prompts: {len(parsed):,} prompts")
+
+
+def _read_prompt_files(cfg: PipelineConfig, to_run: set[str], problems: list[str]) -> dict[str, list[Any]]:
+    """The prompts of every prompt file a stage to run reads here (local or builtin), parsed; a
+    file that does not parse, is empty or binary adds its one line to ``problems``."""
+    from eagle3.data.prompts import parse_prompts, read_prompts_bytes
+
+    out: dict[str, list[Any]] = {}
+    for section, name in FILE_FIELDS:
+        spec = getattr(getattr(cfg, section), name)
+        if section not in to_run or not spec or (local_file(spec) is None and not spec.startswith("builtin:")):
+            continue  # unset (evaluate: generate's own), or s3:// and uploaded copies: the stage reads them
+        try:
+            out[section] = parse_prompts(read_prompts_bytes(spec), spec, cfg.generate.system_prompt)
+        except Eagle3Error as e:
+            problems.append(f"{section}.{name}: {e}")
+    return out
+
+
+def _prompt_length_problems(cfg: PipelineConfig, prompts: list[Any]) -> list[str]:
+    """Prompts that cannot fit ``generate.max_length`` tokens, rendered by the target's chat template
+    with its generation prompt, as the server sees them.
+
+    Cheap for the usual file: no token has more bytes than the vocab's longest, so a prompt of more
+    than ``max_length`` times that many bytes is too long without tokenizing it (a 20 MB line is
+    refused at once); a prompt of at most ``max_length / 2`` bytes fits (each token is at least one
+    byte, and half of ``max_length`` is left for the template). Only prompts between the two
+    are rendered and counted, and only then is the tokenizer loaded with transformers."""
+    limit = cfg.generate.max_length
+    sizes = [(p, sum(len(m["content"].encode()) for m in p.messages)) for p in prompts]
+    unsure = [(p, n) for p, n in sizes if n > limit // 2]
+    if not unsure:
+        return []
+    widest = _longest_token_bytes(cfg)
+    too_long: list[tuple[int, str]] = [(p.line, f"at least {-(-n // widest):,}") for p, n in unsure if n > limit * widest]
+    measure = [p for p, n in unsure if n <= limit * widest]
+    if measure:
+        from eagle3.data.render import encode, generation_prompt
+        from eagle3.targets.load import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg.target)
+        for p in measure:
+            n = len(encode(tokenizer, generation_prompt(tokenizer, p.messages)))
+            if n > limit:
+                too_long.append((p.line, f"{n:,}"))
+    if not too_long:
+        return []
+    too_long.sort()
+    lines = ", ".join(str(line) for line, _ in too_long[:MAX_LINES_NAMED])
+    more = f" (+{len(too_long) - MAX_LINES_NAMED} more)" if len(too_long) > MAX_LINES_NAMED else ""
+    first_line, first_n = too_long[0]
+    return [f"generate.prompts {cfg.generate.prompts}: line{'s' if len(too_long) > 1 else ''} {lines}{more} "
+            f"longer than generate.max_length={limit} tokens (line {first_line}: {first_n} tokens with the chat "
+            f"template); shorten or drop {'them' if len(too_long) > 1 else 'it'}, or raise generate.max_length"]
+
+
+def _longest_token_bytes(cfg: PipelineConfig) -> int:
+    """Bytes of the vocab's longest token (its UTF-8 spelling: at least the bytes it stands for)."""
+    from eagle3.targets.load import load_tokenizer, resolve_target
+
+    tokenizer_json = Path(cfg.target.tokenizer or resolve_target(cfg.target)).expanduser() / "tokenizer.json"
+    vocab: Any = None
+    if tokenizer_json.is_file():
+        try:
+            from tokenizers import Tokenizer
+
+            vocab = Tokenizer.from_file(str(tokenizer_json)).get_vocab(with_added_tokens=True)
+        except Exception:  # noqa: BLE001 - unreadable by the tokenizers library: transformers says why
+            vocab = None
+    if vocab is None:
+        vocab = load_tokenizer(cfg.target).get_vocab()
+    return max((len(t.encode()) if isinstance(t, str) else len(t) for t in vocab), default=1) or 1
 
 
 def _target_problems(cfg: PipelineConfig, to_run: set[str], config: Any, source: str) -> list[str]:
@@ -99,14 +232,14 @@ def _target_problems(cfg: PipelineConfig, to_run: set[str], config: Any, source:
     vocab, layers = target_vocab_size(config), num_layers(config)
     if "vocab" in to_run and cfg.vocab.draft_vocab_size > vocab:
         problems.append(f"vocab.draft_vocab_size={cfg.vocab.draft_vocab_size} exceeds the target's vocab size "
-                        f"{vocab} ({source})")
+                        f"{vocab} ({source}): set it to {vocab} or less")
     if to_run & _NEEDS_AUX:
         try:
             resolve_aux_layer_ids(cfg.target.aux_layer_ids, layers)
         except ValueError as e:
             problems.append(f"target.aux_layer_ids: {e}")
-    if "generate" in to_run or cfg.target.vocab_size is not None:
-        try:
+    if to_run & _NEEDS_TOKENIZER or cfg.target.vocab_size is not None:
+        try:  # the tokenizer loads, and fits the target's vocab
             check_vocab_size(cfg.target, tokenizer_size_for_checks(cfg.target), config)
         except Eagle3Error as e:
             problems.append(str(e))

@@ -24,13 +24,14 @@ from eagle3.context import open_run_store
 from eagle3.errors import ConfigError, Eagle3Error
 from eagle3.pipeline.backend import Backend
 from eagle3.pipeline.live import LiveView, make_view
-from eagle3.inputs import record_digests
+from eagle3.inputs import FILE_FIELDS, local_file, record_digests
 from eagle3.pipeline.lease import Lease, hostname
 from eagle3.pipeline.preflight import check_run, stages_to_run
 from eagle3.pipeline.runstate import RunState, run_dir
 from eagle3.pipeline.scheduler import RunResult, Scheduler, Selection
+from eagle3.store import ObjectStore
 
-RUN_CONFIG = "_run/config.json"  # the resolved config of the run's latest attempt (verify without -c)
+RUN_CONFIG = "_run/config.json"  # the config of the latest attempt that committed a stage or ended complete (ConfigRecord)
 
 
 def open_backend(cfg: PipelineConfig, state: RunState) -> Backend:
@@ -47,12 +48,20 @@ def open_backend(cfg: PipelineConfig, state: RunState) -> Backend:
 
 
 def check_engine(cfg: PipelineConfig) -> None:
-    """A serve engine that cannot start here is a config error, before anything starts."""
+    """A serve engine that cannot start here, or images nobody built, are config errors before anything starts."""
     if cfg.backend == "local" and cfg.serve.engine == "vllm" and not cfg.serve.endpoint:
         from eagle3.serve.vllm import vllm_installed
 
         if not vllm_installed():
             raise ConfigError("serve.engine is 'vllm' but vLLM is not installed here; use engine: auto or transformers")
+    if cfg.backend == "kubernetes":
+        from eagle3.k8s.settings import IMAGE_FIELDS, PLACEHOLDER_REGISTRY
+
+        used = [f for f in IMAGE_FIELDS if f != "serve_image" or not cfg.serve.endpoint]
+        unset = [f"kubernetes.{f}" for f in used if getattr(cfg.kubernetes, f).startswith(PLACEHOLDER_REGISTRY + "/")]
+        if unset:
+            raise ConfigError(f"{', '.join(unset)}: {PLACEHOLDER_REGISTRY} is a placeholder; build and push the images "
+                              f"to your registry (docs/images.md) and name them in the config")
 
 
 def stop_orphans(cfg: PipelineConfig, backend: Backend, state: RunState, echo: Callable[[str], None]) -> None:
@@ -77,7 +86,30 @@ def start_record(cfg: PipelineConfig, state: RunState) -> None:
     state.set(run_id=cfg.run_id, backend=cfg.backend, host=hostname(), local_dir=str(state.dir),
               scheduler_pid=os.getpid(), scheduler_cmd=proc_cmdline(os.getpid()), started_at=time.time(),
               finished=False, ended_at=None, outcome=None)
-    state.store.put_bytes(f"{cfg.run_id}/{RUN_CONFIG}", json.dumps(cfg.model_dump(mode="json"), indent=2).encode())
+
+
+class ConfigRecord:
+    """Records this attempt's config as the run's (``RUN_CONFIG``) once it commits a stage, or ends
+    with every stage complete for it: ``status`` and ``verify`` without ``-c`` judge the run by the
+    config its output was made with, never by an attempt that failed before committing anything.
+    Local prompt files are recorded by absolute path (they key by content): the same from any directory."""
+
+    def __init__(self, cfg: PipelineConfig, store: ObjectStore, on_change: Callable[[Any, str], None]) -> None:
+        self.cfg, self.store, self.forward, self.done = cfg, store, on_change, False
+
+    def on_change(self, sched: Any, message: str) -> None:
+        if not self.done and any(row.state == "done" for row in sched.rows.values()):
+            self.record()
+        self.forward(sched, message)
+
+    def record(self) -> None:
+        data = self.cfg.model_dump(mode="json")
+        for section, name in FILE_FIELDS:
+            path = local_file(data[section][name])
+            if path is not None:
+                data[section][name] = str(path.resolve())
+        self.store.put_bytes(f"{self.cfg.run_id}/{RUN_CONFIG}", json.dumps(data, indent=2).encode())
+        self.done = True
 
 
 @contextmanager
@@ -120,7 +152,7 @@ def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str]
     lease = Lease(store, cfg.run_id, cfg.lease_ttl_s, cmd=proc_cmdline(os.getpid()) or "", echo=echo)
     lease.acquire()
     try:
-        state = RunState(store, cfg.run_id, run_dir(cfg.run_id))
+        state = RunState(store, cfg.run_id, run_dir(cfg.run_id, store.uri))
         backend = open_backend(cfg, state)
         stop_orphans(cfg, backend, state, echo)
         if reuse_from is not None:
@@ -129,11 +161,15 @@ def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str]
             # local stages never outlive this CLI (stop_orphans); a Kubernetes Job may
             live = None if cfg.backend == "local" else unfinished_attempt(store, cfg.run_id)
             reuse_stages(cfg, store, reuse_from, selected, selection.force, echo, live)
-        check_run(cfg, stages_to_run(cfg, store, selected, selection.force), echo)
+        reruns: dict[str, str] = {}
+        check_run(cfg, stages_to_run(cfg, store, selected, selection.force, reruns), echo)
+        for name, why in reruns.items():
+            echo(f"{name}: rerun: {why}")
         record_digests(store, cfg)
         start_record(cfg, state)
         view = make_view(echo, tty)
-        sched = Scheduler(cfg, backend, store, selection, state=state, on_change=view.on_change,
+        recorded = ConfigRecord(cfg, store, view.on_change)
+        sched = Scheduler(cfg, backend, store, selection, state=state, on_change=recorded.on_change,
                           poll_interval=poll_interval, lease=lease)
         try:
             with sigterm_as_interrupt(), view:
@@ -141,6 +177,8 @@ def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str]
         except Eagle3Error:
             state.set(finished=True, ended_at=time.time(), outcome="error")
             raise
+        if result.ok and not recorded.done:  # every stage complete for this config (skipped or adopted)
+            recorded.record()
         outcome = "interrupted" if result.interrupted else ("ok" if result.ok else "failed")
         state.set(finished=True, ended_at=time.time(), outcome=outcome)
         return PipelineRun(cfg, result, state, str(state.dir / "logs"), tty=isinstance(view, LiveView))
@@ -150,8 +188,6 @@ def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str]
 
 def summary_lines(run: PipelineRun) -> list[str]:
     """What the user reads last: why stages were skipped, the one reason for a failure, where things are."""
-    from eagle3.pipeline.report import build_report, drafter_location
-
     r, lines = run.result, []
     for row in r.rows.values():
         if row.state == "skipped" and run.tty:  # plain output already said it, line by line
@@ -174,7 +210,24 @@ def summary_lines(run: PipelineRun) -> list[str]:
         lines.append(f"not run because an upstream stage failed or is missing: {', '.join(b.name for b in blocked)}")
         lines += [f"  {b.name}: {b.reason}" for b in blocked]
     if r.ok:
-        if r.rows["export"].state in ("done", "skipped"):
-            lines.append(f"drafter: {drafter_location(run.cfg)}")
-        lines.append(f"report: {build_report(run.cfg)}")
+        lines += result_lines(run.cfg, r.rows["export"].state in ("done", "skipped"))
+    return lines
+
+
+def result_lines(cfg: PipelineConfig, exported: bool) -> list[str]:
+    """The end of a good run: the acceptance length, where the drafter is (and the command that always
+    finds it), where the report is."""
+    from eagle3.config import DEFAULT_STORE_URI
+    from eagle3.pipeline.report import acceptance_line, build_report, drafter_location, evaluation_report
+
+    store = open_run_store(cfg, create=False)
+    lines = []
+    headline = acceptance_line(evaluation_report(cfg, store))
+    if headline:
+        lines.append(f"acceptance: {headline}")
+    if exported:
+        where = f"--run-id {cfg.run_id}" + (f" --store {store.uri}" if cfg.store.uri != DEFAULT_STORE_URI else "")
+        lines.append(f"drafter: {drafter_location(cfg, store)}")
+        lines.append(f"  (the folder of this export; `eagle3ctl show drafter {where}` prints the run's current one)")
+    lines.append(f"report: {build_report(cfg)}")
     return lines

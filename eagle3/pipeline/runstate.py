@@ -7,8 +7,8 @@ over a stale lease, to stop what a killed ``eagle3ctl`` left running. Each save 
 atomic object write, so a reader never sees half.
 
 The run's local folder (``local_dir``: logs, the resolved config) stays on the machine that
-runs it, under the working directory it was started from; its absolute path is recorded
-here, so ``logs`` finds it from anywhere on that host.
+runs it, under the working directory it was started from, named by run and store; its
+absolute path is recorded here, so ``logs`` finds it from anywhere on that host.
 """
 
 from __future__ import annotations
@@ -25,9 +25,14 @@ STATE = "_run/state.json"
 STATE_ROOT = Path(".eagle3") / "runs"
 
 
-def run_dir(run_id: str, root: Path | None = None) -> Path:
-    """Where a run started from this working directory keeps its logs and resolved config."""
-    return ((root or STATE_ROOT) / run_id).resolve()
+def run_dir(run_id: str, store_uri: str, root: Path | None = None) -> Path:
+    """Where a run started from this working directory keeps its logs and resolved config:
+    ``.eagle3/runs/<run_id>-<store>/``, the store's URI hashed in, so runs of one id in two
+    stores never share (or overwrite) a log."""
+    import hashlib
+
+    store = hashlib.sha256(store_uri.encode()).hexdigest()[:8]
+    return ((root or STATE_ROOT) / f"{run_id}-{store}").resolve()
 
 
 def read_state(store: ObjectStore, run_id: str) -> dict[str, Any]:
@@ -50,7 +55,7 @@ class RunState:
         self.data.setdefault("stages", {})
         self.data.setdefault("serve", {})
         recorded = self.data.get("local_dir")
-        self.dir = local_dir.resolve() if local_dir is not None else Path(recorded) if recorded else run_dir(run_id)
+        self.dir = local_dir.resolve() if local_dir is not None else Path(recorded) if recorded else run_dir(run_id, store.uri)
 
     def reload(self) -> dict[str, Any]:
         with self._lock:

@@ -295,8 +295,9 @@ class Scheduler:
             holder = next((r.name for r in self.rows.values() if r.resource == "gpu" and r.state == "running"), None)
             if holder is None and (self.serve.holds_gpus or (self.serve.state != "external" and self._endpoint_needed())):
                 holder = "serve"
-            if holder is not None:
-                self._wait(name, f"waiting for the GPUs (held by {holder})")
+            if holder is not None:  # on a machine without GPUs the stages still take turns, but not for GPUs
+                self._wait(name, f"waiting for the GPUs (held by {holder})" if self.backend.gpu_count() else
+                           f"waiting for {holder} to {'stop' if holder == 'serve' else 'finish'}")
                 return
         row = self.rows[name]
         row.started_at, row.ended_at = time.time(), None

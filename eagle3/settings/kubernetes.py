@@ -29,15 +29,24 @@ class Toleration(BaseModel):
     effect: str | None = Field(None, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$", description="Taint effect; empty matches all.")
 
 
+# No public registry holds the images: the user builds and pushes them (docs/images.md). The
+# defaults name this placeholder so that a config left at them says so instead of pulling.
+PLACEHOLDER_REGISTRY = "registry.example.com/eagle3"
+IMAGE_FIELDS = ("image", "cpu_image", "serve_image")
+
+
 class KubernetesSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     namespace: str | None = Field(None, description="Namespace; default the kubeconfig context's (or in-cluster).")
     context: str | None = Field(None, description="kubeconfig context; default the current one.")
     release: str | None = Field(None, description="Helm release name the objects carry (app.kubernetes.io/instance); default eagle3-<run_id>.")
-    image: str = Field("ghcr.io/eagle3ctl/eagle3:0.1.0", description="Stage image (GPU variant) for extract/train/evaluate.")
-    cpu_image: str = Field("ghcr.io/eagle3ctl/eagle3-cpu:0.1.0", description="CPU-only stage image for generate/vocab/export and the controller.")
-    serve_image: str = Field("ghcr.io/eagle3ctl/eagle3-serve:0.1.0", description="vLLM image with eagle3 installed.")
+    image: str = Field(f"{PLACEHOLDER_REGISTRY}/eagle3:0.1.0", description="Stage image (GPU variant) for extract/train/evaluate. "
+                       "Built and pushed by you (docs/images.md): the default names a placeholder registry.")
+    cpu_image: str = Field(f"{PLACEHOLDER_REGISTRY}/eagle3-cpu:0.1.0", description="CPU-only stage image for generate/vocab/export "
+                           "and the controller. Built and pushed by you (docs/images.md).")
+    serve_image: str = Field(f"{PLACEHOLDER_REGISTRY}/eagle3-serve:0.1.0", description="vLLM image with eagle3 installed. "
+                             "Built and pushed by you (docs/images.md).")
     image_pull_policy: str = Field("IfNotPresent", pattern="^(Always|IfNotPresent|Never)$", description="imagePullPolicy of every container.")
     image_pull_secrets: list[str] = Field(default_factory=list, description="Names of docker-registry Secrets for private images.")
     gpus_per_node: int = Field(8, ge=0, description="GPUs of one node; GPU stages and the server request all of them (0: CPU-only cluster such as kind).")

@@ -24,6 +24,8 @@ from eagle3.store.base import Copied, HashingWriter, ObjectInfo, ObjectStat, Obj
 
 # link(2) failures that mean "this filesystem or these folders cannot share the file": copy the bytes
 _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP)
+# The store's disk refusing a write (read-only, full, no permission): one line naming the object.
+_DISK_REFUSED = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
 
 
 def _hidden(name: str) -> bool:
@@ -47,6 +49,17 @@ class LocalStore(ObjectStore):
     def _path(self, key: str) -> Path:
         return self.root / validate_key(key)
 
+    @contextmanager
+    def _writing(self, key: str) -> Iterator[None]:
+        """The disk refusing a write to ``key`` as a StoreError naming it; a caller's own errors
+        (about another file) pass through unchanged."""
+        try:
+            yield
+        except OSError as e:
+            if e.errno not in _DISK_REFUSED or (e.filename is not None and not str(e.filename).startswith(str(self.root))):
+                raise
+            raise StoreError(f"cannot write {self.uri}/{key}: {e.strerror}") from None
+
     def _tmp(self, path: Path) -> Path:
         return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
 
@@ -63,6 +76,11 @@ class LocalStore(ObjectStore):
 
     @contextmanager
     def writer(self, key: str) -> Iterator[HashingWriter]:
+        with self._writing(key), self._writer(key) as w:
+            yield w
+
+    @contextmanager
+    def _writer(self, key: str) -> Iterator[HashingWriter]:
         path = self._path(key)
         tmp = self._tmp(path)
         try:
@@ -84,6 +102,8 @@ class LocalStore(ObjectStore):
             f = open(path, "rb")
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise StoreError(f"missing object {self.uri}/{key}") from None
+        except PermissionError as e:
+            raise StoreError(f"cannot read {self.uri}/{key}: {e.strerror}") from None
         with f:
             yield f
 
@@ -118,7 +138,8 @@ class LocalStore(ObjectStore):
 
     def delete(self, key: str) -> None:
         path = self._path(key)
-        path.unlink(missing_ok=True)
+        with self._writing(key):
+            path.unlink(missing_ok=True)
         # folders are not objects: drop the ones this left empty (a swept attempt folder)
         parent = path.parent
         while parent != self.root:
@@ -135,6 +156,10 @@ class LocalStore(ObjectStore):
         """A hard link where the filesystem allows one (no second copy of the bytes; removing or
         replacing either name never touches the other), else a byte copy. A link shares the
         inode, so it moves the source's ctime and with it its fingerprint: ``Copied`` says so."""
+        with self._writing(dst):
+            return self._copy(src, dst, if_fingerprint)
+
+    def _copy(self, src: str, dst: str, if_fingerprint: str | None) -> Copied:
         s, d = self._path(src), self._path(dst)
         try:
             before = s.stat()
@@ -193,6 +218,10 @@ class LocalStore(ObjectStore):
             os.close(fd)  # releases the lock
 
     def create_exclusive(self, key: str, data: bytes) -> str | None:
+        with self._writing(key):
+            return self._create_exclusive(key, data)
+
+    def _create_exclusive(self, key: str, data: bytes) -> str | None:
         path = self._path(key)
         tmp = self._write_tmp(path, data)
         try:
@@ -212,6 +241,10 @@ class LocalStore(ObjectStore):
         return data, hashlib.sha256(data).hexdigest()
 
     def replace_if(self, key: str, data: bytes, version: str) -> str | None:
+        with self._writing(key):
+            return self._replace_if(key, data, version)
+
+    def _replace_if(self, key: str, data: bytes, version: str) -> str | None:
         path = self._path(key)
         tmp = self._write_tmp(path, data)
         try:
@@ -226,7 +259,7 @@ class LocalStore(ObjectStore):
 
     def delete_if(self, key: str, version: str) -> bool:
         path = self._path(key)
-        with self._locked(path):
+        with self._writing(key), self._locked(path):
             current = self.get_versioned(key)
             if current is None:
                 return True

@@ -138,6 +138,19 @@ def _padded_vocab(n_tokens: int) -> int:
     return -(-n_tokens // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
 
 
+def tiny_vocab_size(arch: str, seed: int = 0) -> int:
+    """The ``vocab_size`` a tiny target of ``arch`` is built with, from its tokenizer alone (seconds,
+    no model built): what ``eagle3ctl init`` sizes the draft vocab by before the target exists."""
+    if arch == "kimi":
+        import tempfile
+
+        from eagle3.targets import tiny_kimi
+
+        with tempfile.TemporaryDirectory(prefix="eagle3-tiny-kimi-") as tmp:
+            return len(tiny_kimi.build_tokenizer(Path(tmp), corpus(seed=seed), TOKENIZER_VOCAB, MAX_POSITIONS))
+    return _padded_vocab(len(train_tokenizer(seed)))
+
+
 def tiny_config(arch: str, vocab_size: int, pad_id: int, bos_id: int, eos_id: int):
     common = dict(
         vocab_size=vocab_size, hidden_size=HIDDEN, num_hidden_layers=NUM_LAYERS, num_attention_heads=4,

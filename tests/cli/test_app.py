@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from eagle3.cli.app import app
 from eagle3.config import load_config
 from eagle3.manifest import StageOutput
+from eagle3.pipeline.report import STAMP_BAND
 from eagle3.store import open_store
 from tests.committed import key_of
 
@@ -106,13 +107,43 @@ def test_status_and_report_read_the_manifests(workdir):
     assert r.exit_code == 0, r.output
     md = Path(r.output.strip())
     text = md.read_text()
-    assert "| coverage | 0.93 |" in text and "![Draft-vocab coverage](vocab-coverage.png)" in text
-    assert (md.parent / "vocab-coverage.png").read_bytes() == store.get_bytes(key_of(store, 'r2', "vocab", 'coverage.png'))
+    assert "| coverage | 0.93 |" in text and "![run r2: Draft-vocab coverage](vocab-coverage.png)" in text
+    committed = _image(store.get_bytes(key_of(store, 'r2', "vocab", 'coverage.png')))
+    copied = _image((md.parent / "vocab-coverage.png").read_bytes())
+    # the committed plot under a band that names the run, drawn in it
+    assert copied.size == (committed.size[0], committed.size[1] + STAMP_BAND)
+    assert copied.crop((0, STAMP_BAND, *copied.size)).tobytes() == committed.convert("RGB").tobytes()
+    assert copied.crop((0, 0, copied.size[0], STAMP_BAND)).convert("L").getextrema()[0] < 100
     assert "## extract" in text and "Not complete: no manifest" in text
 
     r = runner.invoke(app, ["report", "--store", store_uri, "--run-id", "r2", "--html"])
     html = Path(r.output.strip()).read_text()
     assert "data:image/png;base64," in html and "<td>coverage</td>" in html
+    assert "<title>EAGLE-3 drafter run r2</title>" in html
+    assert html.count("<img ") == html.count("<figcaption>run r2: ") == 1
+    from html.parser import HTMLParser
+
+    class Tags(HTMLParser):  # every opened element is closed, in order (void elements aside)
+        stack: list[str] = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag not in ("meta", "img"):
+                self.stack.append(tag)
+
+        def handle_endtag(self, tag):
+            assert self.stack.pop() == tag, tag
+
+    parser = Tags()
+    parser.feed(html)
+    assert parser.stack == []
+
+
+def _image(data: bytes):
+    import io
+
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data))
 
 
 def test_logs_and_down_of_a_run_that_never_ran(workdir):

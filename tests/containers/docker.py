@@ -112,18 +112,17 @@ class StageRunner:
             self.stop(name)
 
 
-def wait_for_models(base_url: str, runner: StageRunner, container: str, timeout_s: float = 300) -> list[str]:
-    """Poll ``/v1/models`` of a server container until it lists a model; its ids."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def wait_for_models(base_url: str, runner: StageRunner, container: str) -> list[str]:
+    """Poll ``/v1/models`` of a server container until it lists a model (however long its start takes
+    on a loaded machine; pytest-timeout guards a hang); its ids. The container exiting is a failure."""
+    while True:
         if not runner.running(container):
             raise AssertionError(f"server container exited:\n{runner.logs(container)}")
         try:
-            r = httpx.get(f"{base_url}/models", timeout=5)
+            r = httpx.get(f"{base_url}/models", timeout=None)
             ids = [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
             if ids:
                 return ids
         except (httpx.HTTPError, ValueError):
             pass
         time.sleep(1)
-    raise AssertionError(f"server did not list a model within {timeout_s}s:\n{runner.logs(container)}")

@@ -20,7 +20,7 @@ def test_bench_kimi_slice_tiny_runs_and_reports(tmp_path):
 
     r = subprocess.run([sys.executable, "benchmarks/bench_kimi_slice.py", "--tiny", "--layers", "3", "--tokens", "256",
                         "--seq-len", "64", "--batch-tokens", "128", "--out", str(tmp_path)], capture_output=True,
-                       text=True, timeout=300)
+                       text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads((tmp_path / "kimi_slice.json").read_text())
     assert report["tokens"] == 256 and report["tokens_per_s"] > 0 and 0 < report["roofline_share"] < 1

@@ -9,8 +9,11 @@ from eagle3.config import PipelineConfig
 from eagle3.context import stage_input_key, upstream_digests
 from eagle3.manifest import StageOutput
 from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
-from eagle3.stages import STAGES
+from eagle3.stages import STAGES, stage_config
 from eagle3.store import ObjectStore
+
+
+WAIT_FOR_OTHER_S = 120.0  # only a scheduler that never starts the other stage waits this long
 
 
 @dataclass
@@ -29,7 +32,10 @@ class FakeBackend(Backend):
     durations: dict[str, float] = field(default_factory=dict)
     fail: set[str] = field(default_factory=set)
     serve_startup: float = 0.05
-    interrupt_after: float | None = None  # raise KeyboardInterrupt from poll after this many seconds
+    interrupt_in: str | None = None  # raise KeyboardInterrupt (Ctrl-C) from the first poll of this stage
+    # stage -> another stage that must have started before it ends: concurrency shown by events, not by
+    # durations a loaded machine may stretch (an upper bound on the wait keeps a wrong scheduler from hanging)
+    ends_after_start_of: dict[str, str] = field(default_factory=dict)
     name: str = "fake"
     runs: dict[str, Interval] = field(default_factory=dict)
     serve_runs: list[Interval] = field(default_factory=list)
@@ -55,18 +61,21 @@ class FakeBackend(Backend):
         return StageHandle(stage, ref=f"fake-{stage}", started_at=self.runs[stage].start)
 
     def poll(self, handle: StageHandle) -> StageOutcome | None:
-        if self.interrupt_after is not None and time.time() - self.t0 > self.interrupt_after:
+        if handle.stage == self.interrupt_in:
             raise KeyboardInterrupt
         run = self.runs[handle.stage]
         if time.time() - run.start < self.durations.get(handle.stage, 0.05):
+            return None
+        other = self.ends_after_start_of.get(handle.stage)
+        if other is not None and other not in self.runs and time.time() - run.start < WAIT_FOR_OTHER_S:
             return None
         run.end = time.time()
         if handle.stage in self.fail:
             return StageOutcome(handle.stage, False, "exit code 1: simulated failure", ["line 1", "error: simulated failure"])
         spec = STAGES[handle.stage]
         upstream = upstream_digests(self.cfg, spec, self.store)
-        out = StageOutput(self.store, self.cfg.run_id, handle.stage, stage_input_key(self.cfg, spec, upstream),
-                          {k: v.digest for k, v in upstream.items()})
+        out = StageOutput(self.store, self.cfg.run_id, handle.stage, stage_input_key(self.cfg, spec, upstream, self.store),
+                          {k: v.digest for k, v in upstream.items()}, config=stage_config(self.cfg, spec, self.store))
         out.begin()
         out.put_bytes("out.txt", f"{handle.stage}\n".encode())
         out.commit({"samples": 1})

@@ -109,16 +109,23 @@ def test_racing_takers_of_a_stale_lease_leave_exactly_one_holder(tmp_path: Path)
         import time
         from eagle3.pipeline.lease import Lease, RunBusy
         from eagle3.store import open_store
+        import sys
         try:
             l = Lease(open_store({f"file://{tmp_path}"!r}), "r1", ttl_s=30)
             l.acquire()
             print("won", flush=True)
-            time.sleep(3)
+            sys.stdin.read()  # hold the run until every taker has answered
         except RunBusy:
             print("busy", flush=True)
     """)
-    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(4)]
-    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    try:
+        outs = [p.stdout.readline().strip() for p in procs]  # however late each one starts
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait()
     assert sorted(outs) == ["busy", "busy", "busy", "won"]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import sys
-import time
+from pathlib import Path
 
 import pytest
 
@@ -12,14 +12,19 @@ from eagle3.config import load_config
 from eagle3.pipeline.local import LocalBackend, child_env
 from eagle3.pipeline.runstate import RunState
 from eagle3.store import open_store
-from eagle3.serve.process import ServerProcess, group_alive
+from eagle3.serve.process import ServerProcess, group_alive, proc_cmdline
+from tests.waiting import HANG_GUARD_S, until
 
 SCRIPT = """
-import json, sys, time, signal
+import json, os, sys, time, signal
 signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), sys.exit(143)))
+go = sys.argv[2] if len(sys.argv) > 2 else None
 for i in range(1, 4):
     print("EAGLE3_PROGRESS " + json.dumps({"stage": "x", "done": i * 10, "total": 30, "unit": "samples"}), file=sys.stderr, flush=True)
-    time.sleep(0.3)
+    while i == 1 and go and not os.path.exists(go):  # the reader has seen the first line
+        time.sleep(0.05)
+    if i == 1 and go:
+        time.sleep(0.6)  # then at least this long until the next: a rate needs 0.5 s between readings
 print("working", flush=True)
 time.sleep(float(sys.argv[1]))
 """
@@ -33,16 +38,15 @@ def backend(tmp_path, monkeypatch):
     return b
 
 
-def _script_backend(b: LocalBackend, sleep: float) -> None:
-    b.stage_command = lambda stage, endpoint=None, force=False: [sys.executable, "-c", SCRIPT, str(sleep)]  # type: ignore[method-assign]
+def _script_backend(b: LocalBackend, sleep: float, go: Path | None = None) -> None:
+    argv = [sys.executable, "-c", SCRIPT, str(sleep), *([str(go)] if go else [])]
+    b.stage_command = lambda stage, endpoint=None, force=False: argv  # type: ignore[method-assign]
 
 
-def _wait(b, h, timeout=60):
-    deadline = time.time() + timeout
-    while (o := b.poll(h)) is None:
-        assert time.time() < deadline
-        time.sleep(0.1)
-    return o
+def _wait(b, h):
+    """The stage's outcome, once it has ended (however long that takes)."""
+    until(lambda: b.poll(h) is not None)
+    return b.poll(h)
 
 
 def test_a_real_stage_failing_on_missing_upstream_reports_its_error_line(backend):
@@ -61,24 +65,31 @@ def test_a_real_stage_failing_on_missing_upstream_reports_its_error_line(backend
     assert backend.logs("vocab", tail=1)[0].startswith("error: ")
 
 
-def test_progress_is_parsed_and_cancel_stops_the_process_group(backend):
-    _script_backend(backend, 30)
+def test_progress_is_parsed_and_cancel_stops_the_process_group(backend, tmp_path):
+    go = tmp_path / "go"
+    _script_backend(backend, 3600, go)  # runs until cancelled
+    backend.cancel_grace_s = 600  # SIGKILL only if SIGTERM were ignored: never while its handler runs
     h = backend.submit("extract")
-    deadline = time.time() + 20
-    while (p := backend.progress(h)) is None or p.done < 30:
-        assert time.time() < deadline and backend.poll(h) is None
-        time.sleep(0.1)
+
+    def at(n: int) -> bool:
+        assert backend.poll(h) is None, "the stage ended before it was cancelled"
+        p = backend.progress(h)
+        return p is not None and p.done >= n
+
+    until(lambda: at(10))
+    go.touch()
+    until(lambda: at(30))
+    p = backend.progress(h)
     assert (p.done, p.total, p.unit) == (30, 30, "samples") and p.rate and p.rate > 0
-    t = time.time()
     backend.cancel(h)
-    assert time.time() - t < 5, "the child handles SIGTERM, so no SIGKILL wait"
     o = backend.poll(h)
+    # 143: the child's own SIGTERM handler ended it (a SIGKILL would read "signal 9")
     assert o is not None and not o.succeeded and "exit code 143" in o.reason
     assert not group_alive(int(h.ref))
 
 
 def test_down_from_another_directory_stops_what_the_store_records(backend, tmp_path, monkeypatch):
-    _script_backend(backend, 60)
+    _script_backend(backend, 3600)  # runs until stopped
     h = backend.submit("train")
     pid = int(h.ref)
     elsewhere = tmp_path / "elsewhere"
@@ -126,7 +137,7 @@ def test_server_process_waits_for_v1_models_and_stops_for_good(tmp_path):
     port = _free_port()
     cmd = [sys.executable, "-c", f"import time, subprocess, sys; time.sleep(1); "
            f"subprocess.run([sys.executable, '-m', 'http.server', '{port}', '--bind', '127.0.0.1', '-d', '{tmp_path}/www'])"]
-    server = ServerProcess(cmd, f"http://127.0.0.1:{port}/v1", tmp_path / "serve.log", startup_timeout_s=30)
+    server = ServerProcess(cmd, f"http://127.0.0.1:{port}/v1", tmp_path / "serve.log", startup_timeout_s=HANG_GUARD_S)
     server.launch()
     (tmp_path / "www/v1/models").write_text('{"data": []}')
     assert server.wait_ready() == f"http://127.0.0.1:{port}/v1"
@@ -136,7 +147,8 @@ def test_server_process_waits_for_v1_models_and_stops_for_good(tmp_path):
 
 def test_server_process_that_dies_while_starting_says_so(tmp_path):
     cmd = [sys.executable, "-c", "import sys; print('boom: no model'); sys.exit(3)"]
-    server = ServerProcess(cmd, "http://127.0.0.1:9/v1", tmp_path / "serve.log", startup_timeout_s=30, name="transformers server")
+    server = ServerProcess(cmd, "http://127.0.0.1:9/v1", tmp_path / "serve.log", startup_timeout_s=HANG_GUARD_S,
+                           name="transformers server")
     server.launch()
     with pytest.raises(Exception, match=r"transformers server exited with code 3 while starting; see .*: boom: no model"):
         server.wait_ready()
@@ -153,11 +165,12 @@ def test_serve_refuses_a_port_another_server_holds(backend):
 
 def test_down_recognises_a_shebang_script_by_its_recorded_command(backend, tmp_path):
     script = tmp_path / "fake-serve"
-    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(3600)\n")
     script.chmod(0o755)
     server = ServerProcess([str(script), "serve", "--port", "1"], "http://127.0.0.1:1/v1", tmp_path / "s.log")
     server.launch()
     backend.state.update("serve", None, pid=server.pid, cmd=f"{script} serve --port 1")
-    time.sleep(0.5)
+    # once the script runs (its interpreter shows first in /proc), not while the fork is still pytest
+    assert until(lambda: (proc_cmdline(server.pid) or "").endswith(f"{script} serve --port 1"), server.proc)
     assert backend.down() == [f"serve (process group {server.pid})"]
-    assert server.proc.wait(5) is not None
+    assert server.proc.wait() is not None

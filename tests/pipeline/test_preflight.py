@@ -3,6 +3,8 @@ in one line, and nothing finished is touched."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,98 @@ def test_an_endpoint_url_of_the_wrong_shape_is_a_config_error(endpoint: str, why
     with pytest.raises(ConfigError) as e:
         load_config(None, {"serve.endpoint": endpoint})
     assert why in str(e.value) and "serve.endpoint" in str(e.value)
+
+
+def _prompts_file(tmp_path: Path, data: bytes, name: str = "prompts.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("data, says", [
+    (b"", "no prompts"),
+    (b"\n  \n", "no prompts"),
+    (b'{"prompt": "ok"}\nnot json\n{"prompt": ""}\n', "malformed lines 2, 3 (first: line 2: not JSON)"),
+    (b'{"prompt": "ok"}\n\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR', "binary content (a NUL byte on line 4), not JSONL text"),
+])
+def test_a_prompts_file_that_does_not_parse_is_one_line(tmp_path: Path, tiny_cache_dir: Path, data: bytes, says: str) -> None:
+    path = _prompts_file(tmp_path, data)
+    cfg = _cfg(tmp_path, tiny_cache_dir, **{"generate.prompts": str(path)})
+    with pytest.raises(ConfigError) as e:
+        check_run(cfg, set(ORDER))
+    assert str(e.value) == f"generate.prompts: {path}: {says}"
+
+
+def test_prompts_are_counted(tmp_path: Path, tiny_cache_dir: Path) -> None:
+    path = _prompts_file(tmp_path, b'{"prompt": "a"}\n\n{"messages": [{"role": "user", "content": "b"}]}\n')
+    lines: list[str] = []
+    check_run(_cfg(tmp_path, tiny_cache_dir, **{"generate.prompts": str(path), "evaluate.prompts": str(path)}),
+              set(ORDER), lines.append)
+    assert "preflight: generate.prompts: 2 prompts" in lines and "preflight: evaluate.prompts: 2 prompts" in lines
+
+
+def test_a_huge_prompt_line_is_refused_without_tokenizing_it(tmp_path: Path, tiny_cache_dir: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 MB on one line: the vocab's longest token bounds the count from below, no tokenizer is loaded."""
+    huge = json.dumps({"prompt": "word " * 4_000_000}).encode()
+    path = _prompts_file(tmp_path, b'{"prompt": "short"}\n' + huge + b"\n")
+
+    def no_tokenizer(*a, **k):
+        raise AssertionError("the tokenizer was loaded to count a prompt the byte bound already refuses")
+
+    monkeypatch.setattr("eagle3.targets.load.load_tokenizer", no_tokenizer)
+    with pytest.raises(ConfigError) as e:
+        check_run(_cfg(tmp_path, tiny_cache_dir, **{"generate.prompts": str(path)}), set(ORDER))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"generate.prompts {path}: line 2 longer than generate.max_length=4096 tokens (line 2: at least ")
+
+
+def test_a_prompt_over_max_length_is_counted_with_the_chat_template(tmp_path: Path, tiny_cache_dir: Path) -> None:
+    from eagle3.data.render import encode, generation_prompt
+    from eagle3.targets.load import load_tokenizer
+
+    words = " ".join(f"w{i}" for i in range(60))  # ~200 bytes: over max_length/2, so counted exactly
+    lines = [{"prompt": "short"}, {"prompt": words}, {"prompt": "short again"}, {"prompt": words + " more"}]
+    path = _prompts_file(tmp_path, "".join(json.dumps(x) + "\n" for x in lines).encode())
+    cfg = _cfg(tmp_path, tiny_cache_dir, **{"generate.prompts": str(path), "generate.max_length": 128})
+    tok = load_tokenizer(cfg.target)
+    n = len(encode(tok, generation_prompt(tok, [{"role": "user", "content": words}])))
+    assert n > 128
+    with pytest.raises(ConfigError) as e:
+        check_run(cfg, set(ORDER))
+    assert f"lines 2, 4 longer than generate.max_length=128 tokens (line 2: {n} tokens with the chat template)" in str(e.value)
+    check_run(cfg.model_copy(update={"generate": cfg.generate.model_copy(update={"max_length": n + 8})}), set(ORDER))
+
+
+def test_a_local_target_folder_must_exist_hold_a_config_and_a_tokenizer(tmp_path: Path, tiny_cache_dir: Path,
+                                                                     tiny_llama_dir: Path) -> None:
+    missing = tmp_path / "models" / "nope"
+    with pytest.raises(ConfigError) as e:
+        check_run(_cfg(tmp_path, tiny_cache_dir, **{"target.model": str(missing)}), set(ORDER))
+    assert str(e.value) == f"target.model: no such folder: {missing}"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError) as e:
+        check_run(_cfg(tmp_path, tiny_cache_dir, **{"target.model": str(empty)}), {"vocab"})
+    assert str(e.value) == f"target.model: {empty} has no config.json (not a Hugging Face model folder)"
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_llama_dir, broken)
+    (broken / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ConfigError) as e:
+        check_run(_cfg(tmp_path, tiny_cache_dir, **{"target.model": str(broken)}), set(ORDER))
+    assert str(e.value).startswith(f"cannot load target tokenizer from {broken}")
+    check_run(_cfg(tmp_path, tiny_cache_dir, **{"target.model": str(tiny_llama_dir)}), set(ORDER))
+
+
+def test_bad_prompts_stop_the_run_before_the_server_starts(tmp_path: Path, tiny_cache_dir: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = _prompts_file(tmp_path, b"\x00\x01binary")
+    r = CliRunner().invoke(app, ["run", "pipeline", "--store", f"file://{tmp_path}/store", "--run-id", "p"],
+                           env={"EAGLE3_GENERATE__PROMPTS": str(path), "EAGLE3_TARGET__CACHE_DIR": str(tiny_cache_dir),
+                                "EAGLE3_VOCAB__DRAFT_VOCAB_SIZE": "64"})
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines() == [f"error: generate.prompts: {path}: binary content (a NUL byte on line 1), not JSONL text"]
+    assert not (tmp_path / "store" / "p" / "_run" / "state.json").exists(), "nothing started: no state record"
+    assert not (tmp_path / ".eagle3" / "runs").exists(), "no run folder, no server log"

@@ -19,8 +19,9 @@ import pytest
 from tests.fault_proxy import FaultProxy
 from tests.reliability.tiny_run import write_config
 from tests.fixtures_s3 import MotoS3
+from tests.waiting import HANG_GUARD_S
 
-pytestmark = [pytest.mark.slow, pytest.mark.s3]
+pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.timeout(HANG_GUARD_S)]
 
 
 
@@ -34,7 +35,7 @@ def test_pipeline_on_a_faulty_s3_runs_to_completion(tmp_path: Path, tiny_cache_d
 
         def cli(*args: str) -> subprocess.CompletedProcess:
             return subprocess.run([sys.executable, "-m", "eagle3.cli.app", *args, "-c", str(config)], cwd=tmp_path,
-                                  env=env, capture_output=True, text=True, timeout=900)
+                                  env=env, capture_output=True, text=True)
 
         r = cli("run", "pipeline")
         assert r.returncode == 0, f"seed {seed}, {dict(proxy.counts)}: " + r.stdout[-3000:] + r.stderr[-3000:]

@@ -52,7 +52,7 @@ def test_tiny_kimi_pipeline_end_to_end(tmp_path, tiny_cache_dir):
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "EAGLE3_DEBUG": ""}
     r = subprocess.run([sys.executable, "-m", "eagle3.cli.app", "run", "pipeline", "-c", str(path)], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=900)
+                       env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     store = LocalStore(tmp_path / "store")
     run = cfg["run_id"]

@@ -216,10 +216,7 @@ def torchrun_train(cfg: PipelineConfig, tmp_path: Path) -> None:
            "-m", "eagle3.cli.stage", "stage", "train", "--config", str(conf)]
     log = tmp_path / "torchrun.log"
     with open(log, "w") as f:
-        try:
-            rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=240).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+        rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     assert rc == 0, log.read_text()[-4000:]
 
 

@@ -31,7 +31,7 @@ N = 100
 
 def _eagle3(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3", *args], capture_output=True, text=True, timeout=120, env=env or os.environ.copy()
+        [sys.executable, "-m", "eagle3", *args], capture_output=True, text=True, env=env or os.environ.copy()
     )
 
 
