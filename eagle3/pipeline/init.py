@@ -100,7 +100,7 @@ def target_vocab_here(model: str, cache_dir: str) -> int | None:
     target, a local folder); None for a hub id. A local path without a config is an error."""
     from eagle3.pipeline.preflight import local_model_problem
     from eagle3.targets.load import builtin_arch, target_config_for_checks, target_vocab_size
-    from eagle3.targets.settings import TargetSettings
+    from eagle3.settings.target import TargetSettings
 
     try:
         arch = builtin_arch(model)

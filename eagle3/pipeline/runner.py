@@ -55,7 +55,7 @@ def check_engine(cfg: PipelineConfig) -> None:
         if not vllm_installed():
             raise ConfigError("serve.engine is 'vllm' but vLLM is not installed here; use engine: auto or transformers")
     if cfg.backend == "kubernetes":
-        from eagle3.k8s.settings import IMAGE_FIELDS, PLACEHOLDER_REGISTRY
+        from eagle3.settings.kubernetes import IMAGE_FIELDS, PLACEHOLDER_REGISTRY
 
         used = [f for f in IMAGE_FIELDS if f != "serve_image" or not cfg.serve.endpoint]
         unset = [f"kubernetes.{f}" for f in used if getattr(cfg.kubernetes, f).startswith(PLACEHOLDER_REGISTRY + "/")]

@@ -61,7 +61,7 @@ def test_install_hints_name_a_command_that_works_from_a_checkout(monkeypatch):
 def test_default_images_name_a_placeholder_registry_everywhere():
     """Settings, chart values and the Kimi example agree; docs/images.md says the images are the user's."""
     from eagle3.k8s.render import CHART_DIR
-    from eagle3.k8s.settings import PLACEHOLDER_REGISTRY, KubernetesSettings
+    from eagle3.settings.kubernetes import PLACEHOLDER_REGISTRY, KubernetesSettings
 
     s = KubernetesSettings()
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["images"]
