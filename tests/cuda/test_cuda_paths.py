@@ -1,7 +1,7 @@
 """The CUDA-only paths, for a GPU machine (skipped elsewhere): compiled training against eager,
 batched decoding against one-at-a-time, and the train stage end to end with compilation on.
 
-On the lent H200 (wheels as docs/benchmarks.md says): ``bash benchmarks/quality/device_call.sh cuda-tests``.
+On a GPU machine: ``python -m pytest -q tests/cuda``.
 On CPU the same bodies pass with the device swapped (inductor compiles for CPU too).
 """
 
