@@ -51,6 +51,14 @@ TEST = {**RACE, "target_vocab": 1000, "target_hidden": 64, "target_layers": 4, "
         "max_seq_len": 256, "lr": 3e-3, "warmup_steps": 4, "ttt_steps": 3, "checkpoint_every": 4, "eval_prompts": 6,
         "eval_new_tokens": 24, "draft_tokens": 3, "eval_batch": 6}
 SCALES = {"race": RACE, "test": TEST}
+HELP = {"target_chats": "code chats the target is pretrained on", "target_steps": "the target's pretraining steps",
+        "target_batch": "chats per pretraining step", "max_chars": "longest code prefix or answer, in characters",
+        "train_prompts": "prompts generate answers (the training samples)", "max_tokens": "generate: tokens per answer",
+        "concurrency": "generate: requests in flight", "train_steps": "optimizer steps, each side",
+        "batch_tokens": "tokens per optimizer step, each side", "lr": "peak learning rate, each side",
+        "optimizer": "adamw or muon, each side", "spec_loss": "speculators' --loss-fn (kl_div: its EAGLE-3 default)",
+        "eval_prompts": "held-out prompts decoded", "eval_new_tokens": "tokens decoded per held-out prompt",
+        "draft_tokens": "k: drafts per verify step", "eval_batch": "hf evaluator: prompts decoded together"}
 # ours' own train settings (the train stage's names), beyond what both sides share
 OURS = {"teacher_temperature": 0.1, "lm_head": "target-frozen", "loss_tokens": "all"}
 
@@ -231,6 +239,8 @@ def forget_after(race: Race, name: str) -> None:
             race.file(step.name).unlink(missing_ok=True)
             for folder in step.owns:
                 shutil.rmtree(race.work / folder, ignore_errors=True)
+
+
 PROBES = {"speculators": "from benchmarks.quality.speculators_side import speculators_missing as why",
           "vllm": "from benchmarks.quality.evaluate import vllm_missing as why"}
 
@@ -250,10 +260,10 @@ def run(race: Race) -> int:
         missing = [n for n in step.needs if states[n] not in ("done", "done earlier")]
         if race.result(step.name) is not None:
             states[step.name] = "done earlier"
-        elif missing:
-            states[step.name] = f"not run: needs {', '.join(missing)}"
         elif step.needs_side and unavailable.setdefault(step.needs_side, probe(step.needs_side)):
             states[step.name] = f"not run: {unavailable[step.needs_side]}"
+        elif missing:
+            states[step.name] = f"not run: needs {', '.join(missing)}"
         else:
             forget_after(race, step.name)
             print(f"race: {step.name}: running", flush=True)
@@ -264,7 +274,6 @@ def run(race: Race) -> int:
                 states[step.name] = f"failed: {e}"
         print(f"race: {step.name}: {states[step.name]}", flush=True)
     results = {s.name: race.result(s.name) for s in STEPS}
-    results["target"] = race.result("target")
     results["ours_report"] = json.loads(Path(results["ours"]["report"]).read_text()) if results["ours"] else None
     out = summary.summarize(results, states, race.recipe)
     write_json(race.work / "race.json", out)
@@ -284,8 +293,8 @@ def parse_args(argv: list[str] | None) -> tuple[Path, dict]:
     ap.add_argument("--ours", action="append", default=[], metavar="SETTING=VALUE", help="one of ours' own train "
                     f"settings, over the race's ({', '.join(f'{k}={v}' for k, v in OURS.items())}); repeatable")
     for key, value in RACE.items():
-        ap.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=None, help=f"race: {value}, "
-                        f"test: {TEST[key]}")
+        ap.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=None,
+                        help=f"{HELP.get(key, key.replace('_', ' '))} (race: {value}, test: {TEST[key]})")
     a = ap.parse_args(argv)
     recipe = {k: v if (v := getattr(a, k)) is not None else SCALES[a.scale][k] for k in RACE}
     recipe["ours"] = dict(OURS)

@@ -209,8 +209,9 @@ def train(argv: list[str], export: Path) -> dict:
     speculators_main(TrainConfig.resolve(argv))
     wall = time.perf_counter() - t0
     step, ckpt = checkpoints(known.save_path)[-1]
+    peak = round(torch.cuda.max_memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None
     return {"final_step": step, "resumed_from_step": resumed[-1] if resumed else None, "wall_seconds": round(wall, 1),
-            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None,
+            "peak_memory_gib": peak,
             **steady_rate(tap.records), "dry_run": "--dry-run" in argv, "argv": argv,
             **export_ours(ckpt, known.verifier_name_or_path, known.target_layer_ids, export), "export": str(export)}
 

@@ -66,7 +66,8 @@ def ratio_ci(ours: dict, theirs: dict) -> dict | None:
 
 def ratio(name: str, ours: float | None, theirs: float | None) -> float | str:
     if not ours or not theirs:
-        return f"not reported: {name} not measured for {' and '.join(s for s, v in zip(SIDES, (ours, theirs)) if not v)}"
+        missing = " and ".join(s for s, v in zip(SIDES, (ours, theirs)) if not v)
+        return f"not reported: {name} not measured for {missing}"
     return round(ours / theirs, 3)
 
 
@@ -86,9 +87,9 @@ def side(trained: dict | None, report: dict | None, state: str) -> dict | str:
 def vllm_figures(reports: dict[str, dict | None], states: dict[str, str], full: bool) -> dict:
     out: dict[str, Any] = {}
     for name, key in zip(SIDES, ("vllm_ours", "vllm_spec")):
-        r = reports[key]
+        r, why = reports[key], states[key].removeprefix("not run: ")
         out[name] = {k: r[k] for k in ("mean_acceptance_length", "acceptance_rate_per_position", "verify_steps",
-                                       "vllm_version", "dtype")} if r else f"not measured: {states[key].removeprefix('not run: ')}"
+                                       "vllm_version", "dtype")} if r else f"not measured: {why}"
     means = [reports[k]["mean_acceptance_length"] if reports[k] else None for k in ("vllm_ours", "vllm_spec")]
     out["acceptance_ratio"] = ratio("vLLM acceptance", *means) if full else "not reported: a side is short of its steps"
     return out
@@ -100,7 +101,8 @@ def summarize(results: dict[str, dict | None], states: dict[str, str], recipe: d
     asked = recipe["train_steps"]
     short = [f"{n} trained {t['final_step']} of {asked} steps" for n, t in zip(SIDES, (ours, spec))
              if t and (t.get("final_step") or 0) < asked]
-    out: dict[str, Any] = {"target": results["target"], "recipe": recipe, "draft_vocab_coverage": (ours or {}).get(
+    target = {k: v for k, v in (results["target"] or {}).items() if k != "paths"}
+    out: dict[str, Any] = {"target": target, "recipe": recipe, "draft_vocab_coverage": (ours or {}).get(
         "draft_vocab_coverage"), "eagle3ctl": side(ours, results["ours_report"], states["ours"]),
         "speculators": side(spec, results["spec_eval"], states["spec_train"])}
     both = ours and spec and results["spec_eval"]

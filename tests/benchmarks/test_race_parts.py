@@ -94,7 +94,7 @@ def test_a_result_file_is_whole_or_absent_and_valid_while_what_it_names_is_there
 
 def test_bad_flags_are_one_line_and_another_recipe_needs_another_folder(tmp_path, capsys):
     base = ["--work", str(tmp_path / "w"), "--scale", "test"]
-    for flags, said in ((["--ours", "teacher_temperature=0"], "train.teacher_temperature: Input should be greater than 0"),
+    for flags, said in ((["--ours", "teacher_temperature=0"], "train.teacher_temperature: Input should be greater "),
                         (["--ours", "no_such_setting=1"], "train.no_such_setting: Extra inputs are not permitted"),
                         (["--ours", "lm_head"], "write SETTING=VALUE"),
                         (["--train-steps", "many"], "argument --train-steps: invalid int value: 'many'")):
@@ -105,7 +105,7 @@ def test_bad_flags_are_one_line_and_another_recipe_needs_another_folder(tmp_path
     assert recipe["ours"]["loss_tokens"] == "assistant" and recipe["train_steps"] == race.TEST["train_steps"]
     race.start(work, recipe)
     assert race.start(work, recipe).recipe == recipe  # the same recipe resumes
-    with pytest.raises(SystemExit, match=r"holds a race of another recipe \(train_steps 40 -> 41\); give another --work"):
+    with pytest.raises(SystemExit, match=r"another recipe \(train_steps 40 -> 41\); give another --work"):
         race.start(work, {**recipe, "train_steps": 41})
     config = race.pipeline_config(race.Race(work, recipe))
     assert (config["train"]["loss_tokens"], config["train"]["max_steps"], config["target"]["dtype"]) == (
@@ -173,8 +173,8 @@ def test_a_speculators_checkpoint_exports_as_the_export_stage_writes(tmp_path, t
     ckpt.mkdir(parents=True)
     save_file(theirs, str(ckpt / "model.safetensors"))
     (ckpt / "training_state.json").write_text(json.dumps({"epoch": 3, "local_step": 0, "global_step": 40}))
-    layer = {k: getattr(dcfg, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                           "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings")}
+    layer = {k: getattr(dcfg, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads", "head_dim",
+                                           "num_key_value_heads", "rms_norm_eps", "max_position_embeddings")}
     (ckpt / "config.json").write_text(json.dumps({"transformer_layer_config": {**layer, "rope_theta": 10000.0}}))
     assert speculators_side.checkpoints(tmp_path / "spec") == [(40, ckpt)]
     out = tmp_path / "export"
