@@ -22,7 +22,6 @@ import yaml
 from eagle3.data.tokenized import read_tokenized  # noqa: F401  (fails early if the contract module moved)
 from eagle3.stages import ORDER, STAGES
 from eagle3.store.local import LocalStore
-from tests.benchmarks.quality_modules import load
 from tests.committed import path_of
 from tests.waiting import HANG_GUARD_S, until
 
@@ -147,9 +146,11 @@ def test_tiny_pipeline_end_to_end_then_rerun_skips(tmp_path, target_cache, arch)
 
 
 def assert_the_race_evaluates_as_the_evaluate_stage(config: Path, drafter: Path, store: Path, run_id: str) -> None:
-    """benchmarks/quality's curve decodes every point through the evaluate stage's own entry points:
-    on the exported drafter it must give exactly the committed report's numbers, prompt by prompt."""
-    ours = load("curve").evaluate_export(config, drafter)
+    """benchmarks/quality decodes speculators' drafter through the evaluate stage's own entry points: on the
+    exported drafter it must give exactly the committed report's numbers, prompt by prompt."""
+    from benchmarks.quality.evaluate import hf_report
+
+    ours = hf_report(config, drafter)
     committed = json.loads(path_of(LocalStore(store), run_id, "evaluate", "report.json").read_text())
     for key in ("mean_acceptance_length", "accepted_per_position", "verify_steps", "num_prompts", "held_out"):
         assert ours[key] == committed[key], key
@@ -158,21 +159,6 @@ def assert_the_race_evaluates_as_the_evaluate_stage(config: Path, drafter: Path,
         return [(r["id"], r["verify_steps"], r["mean_acceptance_length"]) for r in report["per_prompt"]]
 
     assert prompts(ours) == prompts(committed)
-    # and exports a train checkpoint exactly as the export stage exports the trained drafter
-    from eagle3.train.checkpoint import run_checkpoints
-
-    objects = LocalStore(store)
-    last = run_checkpoints(objects, run_id)[-1]
-    out = store.parent / "curve-export"
-    from eagle3.config import load_config
-    from eagle3.export.stage import serving_facts
-
-    facts = serving_facts(load_config(config), json.loads(path_of(objects, run_id, "extract", "index.json").read_text()))
-    load("curve").export_our_checkpoint(objects.local_path(last.prefix),
-                                        json.loads(path_of(objects, run_id, "train", "drafter_config.json").read_text()),
-                                        path_of(objects, run_id, "vocab", "vocab_mapping.safetensors"), out, facts)
-    for name in ("config.json", "model.safetensors", "SERVING.md"):
-        assert (out / name).read_bytes() == (drafter / name).read_bytes(), name
 
 
 def assert_a_bad_setting_is_refused_before_anything_starts(workdir: Path, run_id: str) -> None:

@@ -115,3 +115,17 @@ def test_pretraining_chats_follow_the_templates():
         "The user wants me to define rivers. They want a short answer.",
         "Rivers is a word for something we can study and use.")
     assert reply(Request(a=2, b=3))[1] == "2 plus 3 is 5."
+
+
+def test_pretraining_on_given_chats_teaches_their_answers_and_restores_the_callers_torch(tiny_llama_dir):
+    """The race's target is pretrained so, on chats of its own (code and its continuation)."""
+    from eagle3.targets.tiny_pretrain import pretrain
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir).train()
+    chats = [[{"role": "user", "content": f"def f{i}(x):"}, {"role": "assistant", "content": f"    return x + {i}"}]
+             for i in range(4)]
+    threads = torch.get_num_threads()
+    losses = pretrain(model, tok, seed=0, steps=30, chats=chats, batch=2, lr=3e-3)
+    assert len(losses) == 30 and sum(losses[-5:]) < sum(losses[:5]) / 2
+    assert torch.get_num_threads() == threads and not torch.are_deterministic_algorithms_enabled()
