@@ -186,5 +186,5 @@ def test_a_speculators_checkpoint_exports_as_the_export_stage_writes(tmp_path, t
     exported = load_file(str(out / "model.safetensors"))
     for k, v in ours.items():
         assert torch.equal(exported[k], v.to(torch.bfloat16)), k
-    if not draft_vocab:
-        assert torch.equal(exported["d2t"], torch.zeros(vocab, dtype=torch.int64)) and bool(exported["t2d"].all())
+    if not draft_vocab:  # the full vocab: no mapping, as vLLM 0.34 requires
+        assert "d2t" not in exported and "t2d" not in exported
