@@ -155,6 +155,7 @@ def commit_export_with_d2t_outside_the_target_vocab(cfg, tmp_path):
     out.begin()
     out.put_json("config.json", config)
     out.put_file("model.safetensors", tmp_path / "model.safetensors")
+    out.put_bytes("SERVING.md", store.get_bytes(key_of(store, 't', "export", 'SERVING.md')))
     out.commit({})
 
 

@@ -11,6 +11,7 @@ from eagle3.manifest import StageOutput
 from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.stages import STAGES
 from eagle3.store import ObjectStore
+from tests.committed import put_required
 
 
 @dataclass
@@ -69,6 +70,7 @@ class FakeBackend(Backend):
                           {k: v.digest for k, v in upstream.items()})
         out.begin()
         out.put_bytes("out.txt", f"{handle.stage}\n".encode())
+        put_required(out, handle.stage)
         out.commit({"samples": 1})
         return StageOutcome(handle.stage, True)
 
