@@ -164,3 +164,40 @@ def test_a_server_that_does_not_start_fails_generate_with_its_reason(tmp_path):
     assert f.reason == "the serve endpoint did not start: transformers server exited with code 1 while starting"
     assert f.log_tail == ["OSError: no such model"]
     assert all(result.rows[n].state == "blocked" for n in ORDER if n != "generate")
+
+
+def _drop_from_manifest(store, run_id: str, stage: str, pattern: str) -> None:
+    """Edit a committed manifest as a tamperer (or a buggy writer) would: one object entry removed."""
+    import json
+    from fnmatch import fnmatchcase
+
+    key = f"{run_id}/{stage}/manifest.json"
+    m = json.loads(store.get_bytes(key))
+    kept = [o for o in m["objects"] if not fnmatchcase(o["key"], pattern)]
+    assert len(kept) == len(m["objects"]) - 1
+    store.put_bytes(key, json.dumps({**m, "objects": kept}).encode())
+
+
+@pytest.mark.parametrize("stage,pattern,problem", [
+    ("evaluate", "report.json", "manifest of t1/evaluate lists no object 'report.json', which the stage always writes"),
+    ("extract", "shards/shard-*", "manifest of t1/extract lists 0 objects 'shards/shard-*.safetensors'; its "
+                                  "index.json lists 1"),
+])
+def test_a_manifest_missing_a_required_object_is_incomplete_for_status_verify_and_the_scheduler(
+        tmp_path, stage, pattern, problem):
+    from eagle3.pipeline.status import collect_status
+    from eagle3.pipeline.scheduler import descendants
+    from eagle3.verify import verify_run
+
+    cfg, store = setup(tmp_path)
+    run(cfg, store, tmp_path)
+    _drop_from_manifest(store, cfg.run_id, stage, pattern)
+    status = {r["stage"]: r for r in collect_status(cfg, store)}
+    assert (status[stage]["state"], status[stage]["reason"]) == ("incomplete", problem)
+    lines: list[str] = []
+    for deep in (False, True):
+        assert not verify_run(cfg, [stage], deep, lines.append)
+    assert lines.count(f"  {problem}") == 2
+    b, result, _ = run(cfg, store, tmp_path)  # the stage reruns (and so does what hashes its manifest)
+    assert result.ok and sorted(b.submitted) == sorted({stage} | descendants(stage))
+    assert collect_status(cfg, store)[ORDER.index(stage)]["state"] == "complete"
