@@ -123,6 +123,7 @@ def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str]
         state = RunState(store, cfg.run_id, run_dir(cfg.run_id))
         backend = open_backend(cfg, state)
         stop_orphans(cfg, backend, state, echo)
+        lease.sweep_partial_writes()
         if reuse_from is not None:
             from eagle3.pipeline.reuse import reuse_stages, unfinished_attempt
 
