@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from eagle3.config import PipelineConfig
 from eagle3.context import open_run_store
@@ -29,6 +26,7 @@ from eagle3.pipeline.lease import Lease, hostname
 from eagle3.pipeline.preflight import check_run, stages_to_run
 from eagle3.pipeline.runstate import RunState, run_dir
 from eagle3.pipeline.scheduler import RunResult, Scheduler, Selection
+from eagle3.signals import sigterm_as_interrupt
 
 RUN_CONFIG = "_run/config.json"  # the resolved config of the run's latest attempt (verify without -c)
 
@@ -80,25 +78,6 @@ def start_record(cfg: PipelineConfig, state: RunState) -> None:
     state.store.put_bytes(f"{cfg.run_id}/{RUN_CONFIG}", json.dumps(cfg.model_dump(mode="json"), indent=2).encode())
 
 
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (`eagle3ctl down`, a CI timeout) and SIGHUP (terminal closed) stop the run like Ctrl-C."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        for sig, h in previous.items():
-            signal.signal(sig, h)
-
-
 @dataclass
 class PipelineRun:
     cfg: PipelineConfig
@@ -138,9 +117,12 @@ def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str]
                           poll_interval=poll_interval, lease=lease)
         try:
             with sigterm_as_interrupt(), view:
-                result = sched.run()
+                result = sched.run()  # an error stops every stage and the server before it is raised
         except Eagle3Error:
-            state.set(finished=True, ended_at=time.time(), outcome="error")
+            try:
+                state.set(finished=True, ended_at=time.time(), outcome="error")
+            except Eagle3Error:
+                pass  # the store that failed the run may fail this too: the run's error is the one to say
             raise
         outcome = "interrupted" if result.interrupted else ("ok" if result.ok else "failed")
         state.set(finished=True, ended_at=time.time(), outcome=outcome)

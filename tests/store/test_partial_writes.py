@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.store import ObjectStore, open_store, stale_partial_writes
+from eagle3.store import open_store, stale_partial_writes
 
 KILLED_WRITER = """
 import os, signal, sys
