@@ -4,10 +4,10 @@ A stage attempt writes its objects into an attempt folder, ``<run_id>/<stage>/<r
 (``root`` = ``attempt-<first 12 hex of the input key>``), through :class:`StageOutput`,
 which records each object's size, sha256 and the store's fingerprint while it streams, and
 journals it so a killed attempt can be resumed: a rerun adopts each journaled object that
-still verifies, by the same rule as a skip (:func:`check_object`), and discards the rest. The committed output
-stays where it is while a new attempt runs beside it; the new attempt's manifest
-(``<run_id>/<stage>/manifest.json``, naming its root) replaces it at the commit, and only
-then are other attempt folders removed. So a rerun that fails, or is killed, or is refused,
+still verifies, by the same rule as a skip (:func:`check_object`), and discards the rest.
+The committed output stays where it is while a new attempt runs beside it; the new
+attempt's manifest (``<run_id>/<stage>/manifest.json``, naming its root) replaces it at the
+commit, and only then are other attempt folders removed. So a rerun that fails, or is killed, or is refused,
 never costs the finished output.
 
 A stage is complete only when its manifest parses, its input key matches, and every listed
@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from datetime import datetime, timezone
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -249,7 +249,7 @@ def check_object(store: ObjectStore, key: str, entry: ObjectEntry, st: ObjectSta
     """Does the object at ``key`` still hold what ``entry`` recorded? The one digest rule of a
     skip and of a resume: its size, then its sha256 unless it is large and still at the
     fingerprint recorded at write time (or ``known``, one re-hashed since); ``deep``
-    re-hashes every object. ``against`` names what recorded ``entry`` (manifest, journal), for the problem line."""
+    re-hashes every object. ``against`` names what recorded ``entry`` (manifest, journal)."""
     if st is None:
         return ObjectCheck(f"missing object {store.uri}/{key}")
     if st.size != entry.size:
@@ -259,8 +259,9 @@ def check_object(store: ObjectStore, key: str, entry: ObjectEntry, st: ObjectSta
     if not deep and untouched and entry.size > SMALL_OBJECT:
         return ObjectCheck(None, st.fingerprint)
     if store.sha256(key) != entry.sha256:
-        return ObjectCheck(f"corrupted object {store.uri}/{key}: sha256 differs from the {against}", st.fingerprint, True)
-    return ObjectCheck(None, st.fingerprint, True, not untouched and entry.size > SMALL_OBJECT)
+        return ObjectCheck(f"corrupted object {store.uri}/{key}: sha256 differs from the {against}", st.fingerprint,
+                           rehashed=True)
+    return ObjectCheck(None, st.fingerprint, rehashed=True, newly_verified=not untouched and entry.size > SMALL_OBJECT)
 
 
 def missing_required(store: ObjectStore, m: Manifest, required: tuple[Required, ...]) -> list[str]:

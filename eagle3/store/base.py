@@ -263,7 +263,8 @@ class ObjectStore(ABC):
         return validate_key("/".join(p.strip("/") for p in parts if p))
 
 
-def stale_partial_writes(store: ObjectStore, prefix: str, idle_s: float, now: float | None = None) -> list[PartialWrite]:
+def stale_partial_writes(store: ObjectStore, prefix: str, idle_s: float,
+                         now: float | None = None) -> list[PartialWrite]:
     """Partial writes under ``prefix`` not written to for ``idle_s`` seconds: a live writer
     writes continually (a local file's mtime, an upload's newest part move as it streams), so
     one idle that long belongs to a writer that is gone."""

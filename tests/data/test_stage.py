@@ -126,7 +126,8 @@ def kill_once_parts_are_journaled(config: Path, endpoint: str, parts: int) -> Pa
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and len(list(journal.glob("part-*.jsonl.json"))) < parts and proc.poll() is None:
+        while (time.monotonic() < deadline and len(list(journal.glob("part-*.jsonl.json"))) < parts
+               and proc.poll() is None):
             time.sleep(0.05)
         assert proc.poll() is None, "generate finished before it could be killed"
         proc.send_signal(signal.SIGKILL)
@@ -182,7 +183,8 @@ def test_a_journaled_part_edited_in_place_is_discarded_and_requested_again(tiny_
     stats = run_stage(load_config(config), "generate", endpoint=served.base_url)
     said = [ln for ln in capfd.readouterr().err.splitlines() if "discarded" in ln]
     assert said == [f"generate: discarded parts/part-000000.jsonl of the interrupted attempt (corrupted object "
-                    f"file://{folder}/parts/part-000000.jsonl: sha256 differs from the journal); its work is done again"]
+                    f"file://{folder}/parts/part-000000.jsonl: sha256 differs from the journal); "
+                    "its work is done again"]
     records = {r["id"]: r for r in read_raw(tmp_path / "store")}
     assert len(records) == N_PROMPTS and edited not in json.dumps(records[record["id"]], ensure_ascii=False)
     assert stats["resumed"] == journaled - 1 and stats["generated_this_attempt"] == N_PROMPTS - journaled + 1

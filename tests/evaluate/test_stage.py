@@ -172,10 +172,13 @@ def test_a_prompt_result_edited_in_place_before_resume_is_decoded_again(tmp_path
     assert len(said) == 1 and said[0].startswith(
         f"evaluate: discarded {evaluate_stage.prompt_key(0)} of the interrupted attempt (corrupted")
     assert decoded == [0, 2, 3] and stats["prompts_resumed"] == 1
-    resumed = json.loads(store.get_bytes(key_of(store, "t", "evaluate", "report.json")))
+    def report() -> dict:
+        return json.loads(store.get_bytes(key_of(store, "t", "evaluate", "report.json")))
+
+    resumed = report()
     monkeypatch.undo()
-    run_stage(cfg, "evaluate", force=True)
-    assert without_timing(resumed) == without_timing(json.loads(store.get_bytes(key_of(store, "t", "evaluate", "report.json"))))
+    run_stage(cfg, "evaluate", force=True)  # a clean attempt, from scratch
+    assert without_timing(resumed) == without_timing(report())
 
 
 def commit_export_with_d2t_outside_the_target_vocab(cfg, tmp_path):
