@@ -20,6 +20,7 @@ from eagle3.errors import UpstreamMissing
 from eagle3.manifest import (LoadedManifest, ObjectWriter, StageOutput, attempt_prefix, attempt_root,
                              compute_input_key, read_manifest, verify_stage)
 from eagle3.errors import ManifestError
+from eagle3.signals import sigterm_as_interrupt
 from eagle3.stages import StageSpec, get_stage, stage_config
 from eagle3.store import ObjectStore, open_store
 
@@ -160,7 +161,9 @@ def run_stage(cfg: PipelineConfig, name: str, force: bool = False, endpoint: str
         output = StageOutput(store, cfg.run_id, name, key, {k: v.digest for k, v in upstream.items()}, root=root,
                              config=stage_config(cfg, spec, store))
         output.begin(fresh=force)
-    with tempfile.TemporaryDirectory(prefix=f"eagle3-{name}-") as tmp:
+    # Stopped (SIGTERM) by the run or `eagle3ctl down`: unwind, so the scratch folder goes and
+    # a write in flight is removed; the journal keeps what finished, for the next attempt.
+    with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix=f"eagle3-{name}-") as tmp:
         ctx = StageContext(cfg, spec, store, upstream, key, output, Path(tmp), endpoint=endpoint, root=root)
         stats = spec.load_entry()(ctx)
         if output is not None:

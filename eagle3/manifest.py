@@ -3,28 +3,32 @@
 A stage attempt writes its objects into an attempt folder, ``<run_id>/<stage>/<root>/``
 (``root`` = ``attempt-<first 12 hex of the input key>``), through :class:`StageOutput`,
 which records each object's size, sha256 and the store's fingerprint while it streams, and
-journals it so a killed attempt can be resumed without re-hashing. The committed output
-stays where it is while a new attempt runs beside it; the new attempt's manifest
-(``<run_id>/<stage>/manifest.json``, naming its root) replaces it at the commit, and only
-then are other attempt folders removed. So a rerun that fails, or is killed, or is refused,
+journals it so a killed attempt can be resumed: a rerun adopts each journaled object that
+still verifies, by the same rule as a skip (:func:`check_object`), and discards the rest.
+The committed output stays where it is while a new attempt runs beside it; the new
+attempt's manifest (``<run_id>/<stage>/manifest.json``, naming its root) replaces it at the
+commit, and only then are other attempt folders removed. So a rerun that fails, or is killed, or is refused,
 never costs the finished output.
 
 A stage is complete only when its manifest parses, its input key matches, and every listed
 object is present with its size and its content digest: objects up to
 :data:`SMALL_OBJECT` are re-hashed (sha256), larger ones are compared by the store's
 fingerprint (S3 ETag, inode + mtime + ctime on disk) recorded at write time, re-hashed only
-when that changed (``deep``: every sha256, plus the stage's own content checks).
+when that changed (``deep``: every sha256, plus the stage's own content checks). The manifest
+must also list every object its stage always writes (:attr:`eagle3.stages.StageSpec.required`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,7 @@ from pydantic import BaseModel, ValidationError
 
 from eagle3 import __version__
 from eagle3.errors import ManifestError, StoreError
+from eagle3.stages import Required, required_objects
 from eagle3.store import ObjectStore
 from eagle3.store.base import HashingWriter, ObjectStat
 
@@ -185,12 +190,14 @@ def verify_stage(
     input_key: str | None = None,
     deep: bool = False,
     content_check: ContentCheck | None = None,
+    required: tuple[Required, ...] | None = None,
 ) -> Verdict:
     """Is the stage complete? Names every missing, truncated or corrupted object.
 
     Every object's size and content digest is checked (module docstring: small objects are
     re-hashed, large ones compared by fingerprint); ``deep`` re-hashes everything and runs
-    the stage's content checks.
+    the stage's content checks. The manifest must list every object the stage always writes
+    (``required``, by default the stage registry's :attr:`StageSpec.required`).
     """
     prefix = stage_prefix(run_id, stage)
     try:
@@ -212,27 +219,81 @@ def verify_stage(
     rehashed = 0
     for o in m.objects:
         key = f"{m.prefix}/{o.key}"
-        st = stats.get(key)
-        if st is None:
-            problems.append(f"missing object {store.uri}/{key}")
+        c = check_object(store, key, o, stats.get(key), verified.get(o.key), deep)
+        rehashed += c.rehashed
+        if c.problem:
+            problems.append(c.problem)
             continue
-        if st.size != o.size:
-            problems.append(f"truncated or altered object {store.uri}/{key}: {st.size} bytes, manifest says {o.size}")
-            continue
-        untouched = st.fingerprint in (o.fingerprint, verified.get(o.key))
-        checked[o.key] = st.fingerprint
-        if not deep and untouched and o.size > SMALL_OBJECT:
-            continue
-        rehashed += 1
-        if store.sha256(key) != o.sha256:
-            problems.append(f"corrupted object {store.uri}/{key}: sha256 differs from the manifest")
-        elif not untouched and o.size > SMALL_OBJECT:
-            newly_verified[o.key] = st.fingerprint
+        assert c.fingerprint is not None
+        checked[o.key] = c.fingerprint
+        if c.newly_verified:
+            newly_verified[o.key] = c.fingerprint
+    problems += missing_required(store, m, required_objects(stage) if required is None else required)
     if newly_verified and not problems:
         remember_verified(store, run_id, stage, m.root, newly_verified, verified)
     if deep and not problems and content_check is not None:
         problems.extend(content_check(store, m))
     return Verdict(stage, not problems, problems, loaded, rehashed, checked if not problems else {})
+
+
+@dataclass(frozen=True)
+class ObjectCheck:
+    problem: str | None  # None: present, of its size, and its content digest holds
+    fingerprint: str | None = None  # the version found
+    rehashed: bool = False
+    newly_verified: bool = False  # a large object re-hashed at a new fingerprint, and intact
+
+
+def check_object(store: ObjectStore, key: str, entry: ObjectEntry, st: ObjectStat | None,
+                 known: str | None = None, deep: bool = False, against: str = "manifest") -> ObjectCheck:
+    """Does the object at ``key`` still hold what ``entry`` recorded? The one digest rule of a
+    skip and of a resume: its size, then its sha256 unless it is large and still at the
+    fingerprint recorded at write time (or ``known``, one re-hashed since); ``deep``
+    re-hashes every object. ``against`` names what recorded ``entry`` (manifest, journal)."""
+    if st is None:
+        return ObjectCheck(f"missing object {store.uri}/{key}")
+    if st.size != entry.size:
+        return ObjectCheck(f"truncated or altered object {store.uri}/{key}: {st.size} bytes, {against} says "
+                           f"{entry.size}", st.fingerprint)
+    untouched = st.fingerprint in (entry.fingerprint, known)
+    if not deep and untouched and entry.size > SMALL_OBJECT:
+        return ObjectCheck(None, st.fingerprint)
+    if store.sha256(key) != entry.sha256:
+        return ObjectCheck(f"corrupted object {store.uri}/{key}: sha256 differs from the {against}", st.fingerprint,
+                           rehashed=True)
+    return ObjectCheck(None, st.fingerprint, rehashed=True, newly_verified=not untouched and entry.size > SMALL_OBJECT)
+
+
+def missing_required(store: ObjectStore, m: Manifest, required: tuple[Required, ...]) -> list[str]:
+    """What the manifest fails to list of the objects its stage always writes (``Required``):
+    a name or pattern it lists no object for, or a pattern whose count an index object fixes
+    (extract's shards: one per entry of ``index.json``'s ``shards``) listed a different number
+    of times. A manifest edited, or written by a stage that forgot an object, is incomplete."""
+    problems = []
+    where = f"manifest of {m.run_id}/{m.stage}"
+    for r in required:
+        n = sum(fnmatchcase(o.key, r.pattern) for o in m.objects)
+        if r.counted_by is None:
+            if n == 0:
+                problems.append(f"{where} lists no object {r.pattern!r}, which the stage always writes")
+            continue
+        index, field_name = r.counted_by
+        want = _listed_count(store, m, index, field_name)
+        if want is None:
+            problems.append(f"{where}: cannot count {r.pattern!r}: {index} is not listed or has no list {field_name!r}")
+        elif n != want:
+            problems.append(f"{where} lists {n} objects {r.pattern!r}; its {index} lists {want}")
+    return problems
+
+
+def _listed_count(store: ObjectStore, m: Manifest, index: str, field_name: str) -> int | None:
+    if index not in m.keys(index):
+        return None
+    try:
+        value = json.loads(store.get_bytes(m.object_key(index))).get(field_name)
+    except (ValueError, AttributeError, StoreError):
+        return None
+    return len(value) if isinstance(value, list) else None
 
 
 def remember_verified(store: ObjectStore, run_id: str, stage: str, root: str, objects: dict[str, str],
@@ -341,13 +402,31 @@ class StageOutput(ObjectWriter):
             self.store.delete_prefix(self.prefix)
             self.store.put_bytes(self._k(ATTEMPT), json.dumps({"input_key": self.input_key, "started_at": self.started_at}).encode())
             return
-        for jkey in self.store.list(f"{self.prefix}/{JOURNAL}"):
+        self._recover()
+
+    def _recover(self) -> None:
+        """Offer what an earlier attempt (same input key) journaled, only where it verifies as a
+        skip verifies a committed object (:func:`check_object`: the fingerprint where it is
+        unchanged, otherwise a re-hash against the journaled sha256). An object that fails is
+        discarded, with one line saying so, and the stage does its work again; objects the
+        journal does not vouch for (written as the attempt died) are removed."""
+        stats = self.store.stat_prefix(self.prefix)
+        keep = {self._k(ATTEMPT)}
+        for jkey in sorted(k for k in stats if k.startswith(f"{self.prefix}/{JOURNAL}/")):
             try:
                 e = ObjectEntry.model_validate_json(self.store.get_bytes(jkey))
-            except ValidationError:
+            except (ValidationError, StoreError):
                 continue
-            if self.store.size(self._k(e.key)) == e.size:
+            if jkey != self._k(f"{JOURNAL}/{e.key}.json"):
+                continue
+            c = check_object(self.store, self._k(e.key), e, stats.get(self._k(e.key)), against="journal")
+            if c.problem is None:
                 self._recovered[e.key] = e
+                keep |= {jkey, self._k(e.key)}
+            elif self._k(e.key) in stats:
+                print(f"{self.stage}: discarded {e.key} of the interrupted attempt ({c.problem}); "
+                      "its work is done again", file=sys.stderr, flush=True)
+        self.store.delete_many(sorted(k for k in stats if k not in keep))
 
     def recovered(self, prefix: str = "") -> dict[str, ObjectEntry]:
         """Objects a previous attempt (same input key) finished writing, by name."""

@@ -14,6 +14,16 @@ from eagle3.config import PipelineConfig
 
 
 @dataclass(frozen=True)
+class Required:
+    """An object a stage's manifest must list: a name, or a pattern (``fnmatch``) listed at
+    least once, or exactly as often as the list ``counted_by = (object, field)`` of that JSON
+    object of the same manifest holds entries (extract: one shard per ``index.json`` shard)."""
+
+    pattern: str
+    counted_by: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
 class StageSpec:
     name: str
     needs: tuple[str, ...]  # upstream stages whose manifests it reads
@@ -24,6 +34,7 @@ class StageSpec:
     description: str
     needs_endpoint: bool = False  # generate: needs the serve stage's endpoint
     preflight: str | None = None  # "module:function" (cfg) -> None, raising a one-line Eagle3Error
+    required: tuple[Required, ...] = ()  # objects every commit lists (manifest.missing_required)
 
     def load_entry(self) -> Callable[..., dict[str, Any]]:
         return _load(self.entry)
@@ -40,25 +51,43 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), func)
 
 
+def _names(*names: str) -> tuple[Required, ...]:
+    return tuple(Required(n) for n in names)
+
+
 STAGES: dict[str, StageSpec] = {
     s.name: s
     for s in [
         StageSpec("generate", (), ("target", "generate"), "cpu", "eagle3.data.stage:run", "eagle3.data.stage:deep_check",
-                  "target responses to prompts, tokenized with loss masks", needs_endpoint=True),
+                  "target responses to prompts, tokenized with loss masks", needs_endpoint=True,
+                  required=_names("raw_responses.jsonl", "tokenized.safetensors", "token_freq.safetensors",
+                                  "metadata.json")),
         StageSpec("vocab", ("generate",), ("vocab",), "cpu", "eagle3.vocab.stage:run", "eagle3.vocab.stage:deep_check",
-                  "draft vocab: top-N assistant tokens, d2t/t2d mapping"),
+                  "draft vocab: top-N assistant tokens, d2t/t2d mapping",
+                  required=_names("vocab_mapping.safetensors", "coverage.json", "coverage.png")),
         StageSpec("extract", ("generate",), ("target", "extract"), "gpu", "eagle3.extract.stage:run",
                   "eagle3.extract.stage:deep_check", "aux + final hidden states of the target, in shards",
-                  preflight="eagle3.targets.fit:preflight_extract"),
+                  preflight="eagle3.targets.fit:preflight_extract",
+                  required=(*_names("index.json", "target_head.safetensors"),
+                            Required("shards/shard-*.safetensors", counted_by=("index.json", "shards")))),
         StageSpec("train", ("extract", "vocab"), ("drafter", "train"), "gpu", "eagle3.train.stage:run",
-                  "eagle3.train.stage:deep_check", "EAGLE-3 drafter training with TTT"),
+                  "eagle3.train.stage:deep_check", "EAGLE-3 drafter training with TTT",
+                  required=_names("drafter.safetensors", "drafter_config.json", "metrics.jsonl", "loss.png")),
         StageSpec("export", ("train", "extract", "vocab"), ("export",), "cpu", "eagle3.export.stage:run",
-                  "eagle3.export.stage:deep_check", "vLLM/SGLang-loadable drafter directory"),
+                  "eagle3.export.stage:deep_check", "vLLM/SGLang-loadable drafter directory",
+                  required=_names("config.json", "model.safetensors", "SERVING.md")),
         StageSpec("evaluate", ("export", "generate"), ("target", "evaluate"), "gpu", "eagle3.evaluate.stage:run",
                   "eagle3.evaluate.stage:deep_check", "acceptance length on held-out prompts",
-                  preflight="eagle3.targets.fit:preflight_evaluate"),
+                  preflight="eagle3.targets.fit:preflight_evaluate", required=_names("report.json", "acceptance.png")),
     ]
 }
+
+
+def required_objects(stage: str) -> tuple[Required, ...]:
+    """What every committed manifest of ``stage`` lists (none for a name outside the registry)."""
+    spec = STAGES.get(stage)
+    return spec.required if spec is not None else ()
+
 
 ORDER: tuple[str, ...] = tuple(STAGES)
 

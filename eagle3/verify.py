@@ -5,16 +5,19 @@ problem, not "not run". Each stage's input key is recomputed from the config (th
 given, else the config recorded for the run by its latest attempt that committed a stage,
 as ``status`` judges it) and its upstream manifests, so
 a stage left behind by a changed setting or a rerun upstream is reported as stale, with the
-settings that differ when the manifest recorded them.
+settings that differ when the manifest recorded them. Writes begun and never finished (a
+killed writer's partial file or upload) are named after the stages.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Callable
 
 from eagle3.config import PipelineConfig
 from eagle3.context import open_run_store, stage_input_key
+from eagle3.errors import Eagle3Error
 from eagle3.manifest import LoadedManifest, verify_stage
 from eagle3.stages import ORDER, get_stage, stage_config
 from eagle3.store import ObjectStore
@@ -116,4 +119,34 @@ def verify_run(cfg: PipelineConfig, stages: list[str] | None, deep: bool, echo: 
             echo(f"{name}: FAILED")
             for p in problems:
                 echo(f"  {p}")
+    report_partial_writes(store, [f"{cfg.run_id}/{n}" for n in stages] if stages else [cfg.run_id], echo)
     return ok
+
+
+SHOWN_PARTIALS = 10
+
+
+def report_partial_writes(store: ObjectStore, prefixes: list[str], echo: Callable[[str], None]) -> None:
+    """Name the writes begun and never finished under ``prefixes`` (none: nothing said). They
+    take no part in any stage's verdict; the next ``eagle3ctl run`` removes those idle for a
+    whole lease TTL, a write in flight finishes or is removed by its writer."""
+    try:
+        found = [p for prefix in prefixes for p in store.partial_writes(prefix)]
+    except Eagle3Error as e:
+        echo(f"note: partial writes not listed: {e}")
+        return
+    if not found:
+        return
+    echo(f"partial writes: {len(found)} begun and never finished (the next `eagle3ctl run` removes those idle "
+         "over lease_ttl_s)")
+    now = time.time()
+    for p in found[:SHOWN_PARTIALS]:
+        echo(f"  {store.uri}/{p.key}: last written {_age(now - p.written_at)} ago")
+    if len(found) > SHOWN_PARTIALS:
+        echo(f"  and {len(found) - SHOWN_PARTIALS} more")
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{max(seconds, 0):.0f}s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"

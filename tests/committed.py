@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from fnmatch import fnmatchcase
 from pathlib import Path
 
-from eagle3.manifest import read_manifest
+from eagle3.manifest import ObjectWriter, read_manifest
+from eagle3.stages import required_objects
 from eagle3.store import ObjectStore
 
 
@@ -27,3 +30,31 @@ def attempt_key(store: ObjectStore, run_id: str, stage: str, name: str = "") -> 
     roots = {k.split("/")[2] for k in store.list(f"{run_id}/{stage}") if k.count("/") >= 3}
     assert len(roots) == 1, f"{run_id}/{stage} has attempt folders {sorted(roots)}"
     return f"{run_id}/{stage}/{roots.pop()}/{name}".rstrip("/")
+
+
+def put_required(out: ObjectWriter, stage: str, text: str = "") -> None:
+    """Placeholders for the objects ``stage`` always writes (``StageSpec.required``) that ``out``
+    lacks, for test doubles that commit a stage without running it: a pattern gets one object,
+    and the index that counts it (written here unless the caller wrote one) lists that one."""
+    for r in sorted(required_objects(stage), key=lambda r: r.counted_by is None):
+        if any(fnmatchcase(n, r.pattern) for n in out.entries):
+            continue
+        name = r.pattern.replace("*", "000000")
+        if r.counted_by is not None and r.counted_by[0] not in out.entries:
+            index, field = r.counted_by
+            out.put_json(index, {field: [{"name": name}]})
+        out.put_bytes(name, f"{stage} {name} {text}\n".encode())
+
+
+def flip_in_place(path: Path, keep_mtime: bool = False, offset: int | None = None) -> None:
+    """A same-size edit: one byte inverted in place (at ``offset``, else mid-file); ``keep_mtime``
+    resets the mtime as a tamperer would (the ctime still moves)."""
+    st = path.stat()
+    at = st.st_size // 2 if offset is None else offset
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))

@@ -7,6 +7,12 @@ bodies) without reaching the server, or forwarded and its response cut mid-body:
 status line, the headers (with the full Content-Length) and half the body, then the
 connection is closed. Everything else is passed through byte for byte, the Host header
 included, so SigV4 signatures still verify. ``counts`` says what was injected.
+
+``rule(method, path)``, when given, picks a fault for a request by what it is (a path the test
+watches for) before the random ones: one of the above, or ``"hold"``: the request is kept
+unanswered until ``released`` is set, then answered 503 without reaching the server (a
+process blocked in that request stays blocked, whatever happens around it, until the test
+lets go). ``seen`` holds every request's ``(method, path)``, in order.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import random
 import socketserver
 import threading
 from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlparse
 
@@ -31,9 +38,11 @@ class FaultProxy:
     """``with FaultProxy(upstream, rate=0.1) as proxy:`` then point the S3 endpoint at ``proxy.url``."""
 
     def __init__(self, upstream: str, rate: float = 0.1, seed: int = 0, kinds: tuple[str, ...] = ("500", "503", "cut"),
-                 only: tuple[str, ...] = ()) -> None:
+                 only: tuple[str, ...] = (), rule: Callable[[str, str], str | None] | None = None) -> None:
         self.upstream = urlparse(upstream)
-        self.rate, self.kinds, self.only = rate, kinds, only
+        self.rate, self.kinds, self.only, self.rule = rate, kinds, only, rule
+        self.released = threading.Event()
+        self.seen: list[tuple[str, str]] = []
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
@@ -49,7 +58,10 @@ class FaultProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                fault = proxy._decide(self.command)
+                fault = proxy._decide(self.command, self.path)
+                if fault == "hold":
+                    proxy.released.wait()
+                    fault = "503"
                 if fault in ("500", "503"):
                     err = _ERRORS[int(fault)]
                     self.send_response(int(fault))
@@ -90,9 +102,15 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread: threading.Thread | None = None
 
-    def _decide(self, method: str) -> str | None:
+    def _decide(self, method: str, path: str) -> str | None:
         with self._lock:
             self.counts["requests"] += 1
+            self.seen.append((method, path))
+            fault = self.rule(method, path) if self.rule is not None else None
+            if fault is not None:
+                self.counts[fault] += 1
+                self.counts["faults"] += 1
+                return fault
             if self.only and method not in self.only:
                 return None
             if self.scripted:
@@ -128,5 +146,6 @@ class FaultProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.released.set()
         self._server.shutdown()
         self._server.server_close()

@@ -6,7 +6,8 @@ alive by a heartbeat that rewrites it only if it is still the version this holde
 (``If-Match``), and released with a conditional delete. A lease whose heartbeat stopped
 (``expires_at`` passed, or its holder's pid is gone on this very host) is stale: the next
 run takes it over, with one line saying from whom, and then stops what the dead holder
-left running (the run's state record says which processes).
+left running (the run's state record says which processes). Then the holder removes the
+run's partial writes idle for a whole TTL (:meth:`Lease.sweep_partial_writes`).
 
 Expiry compares the holder's clock with the reader's: machines sharing a run must keep
 their clocks within ``ttl_s`` of each other (NTP does far better).
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from eagle3.errors import Eagle3Error
-from eagle3.store import ObjectStore
+from eagle3.store import ObjectStore, stale_partial_writes
 
 LEASE = "_run/lease.json"
 TTL_S = 60.0
@@ -181,6 +182,23 @@ class Lease:
             except Eagle3Error:
                 pass  # it expires on its own
         self.version = None
+
+    def sweep_partial_writes(self) -> int:
+        """Remove the run's partial writes (a killed writer's hidden file or unfinished upload)
+        idle for a whole lease TTL: a live writer writes continually, so their writers are gone.
+        Called once the run is held and what a killed predecessor left running is stopped; a
+        store that will not list them costs a warning, not the run."""
+        try:
+            stale = stale_partial_writes(self.store, self.run_id, self.ttl_s)
+            for partial in stale:
+                self.store.remove_partial(partial)
+        except Eagle3Error as e:
+            self.echo(f"warning: partial writes under {self.store.uri}/{self.run_id} not swept: {e}")
+            return 0
+        if stale:
+            self.echo(f"removed {len(stale)} partial write{'s' * (len(stale) > 1)} an earlier attempt left in "
+                      f"{self.store.uri}/{self.run_id} (idle over lease_ttl_s, {self.ttl_s:.0f}s)")
+        return len(stale)
 
     def __enter__(self) -> Lease:
         self.acquire()

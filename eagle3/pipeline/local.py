@@ -151,8 +151,12 @@ class LocalBackend(Backend):
             f.flush()
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=child_env(tag=self.tag), start_new_session=True)
+        try:
+            self.state.update("stages", stage, pid=proc.pid, cmd=" ".join(cmd), log=str(log))
+        except BaseException:  # unrecorded, the scheduler would not know to stop it: stop it now
+            stop_process_group(proc.pid, self.cancel_grace_s, proc)
+            raise
         self._attempts[stage] = _Attempt(proc, log)
-        self.state.update("stages", stage, pid=proc.pid, cmd=" ".join(cmd), log=str(log))
         return StageHandle(stage, ref=str(proc.pid), started_at=time.time(), extra={"pgid": proc.pid, "log": str(log)})
 
     def _read_new(self, a: _Attempt) -> None:
@@ -252,8 +256,12 @@ class LocalBackend(Backend):
         self._server = ServerProcess(cmd, base_url, log, env=child_env(env, tag=self.tag),
                                      startup_timeout_s=serve.startup_timeout_s, name=f"{engine} server")
         self._server.launch()
-        self.state.update("serve", None, pid=self._server.pid, cmd=" ".join(cmd), engine=engine, log=str(log),
-                          port=serve.port, host=hostname())
+        try:
+            self.state.update("serve", None, pid=self._server.pid, cmd=" ".join(cmd), engine=engine, log=str(log),
+                              port=serve.port, host=hostname())
+        except BaseException:  # a server failed to start is never stopped by the scheduler: stop it here
+            self._server.stop()
+            raise
         return self._server.wait_ready()
 
     def stop_serve(self) -> None:

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -30,6 +27,7 @@ from eagle3.pipeline.preflight import check_run, stages_to_run
 from eagle3.pipeline.runstate import RunState, run_dir
 from eagle3.pipeline.scheduler import RunResult, Scheduler, Selection
 from eagle3.store import ObjectStore
+from eagle3.signals import sigterm_as_interrupt
 
 RUN_CONFIG = "_run/config.json"  # the config of the latest attempt that committed a stage or ended complete (ConfigRecord)
 
@@ -112,25 +110,6 @@ class ConfigRecord:
         self.done = True
 
 
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (`eagle3ctl down`, a CI timeout) and SIGHUP (terminal closed) stop the run like Ctrl-C."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        for sig, h in previous.items():
-            signal.signal(sig, h)
-
-
 @dataclass
 class PipelineRun:
     cfg: PipelineConfig
@@ -155,6 +134,7 @@ def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str]
         state = RunState(store, cfg.run_id, run_dir(cfg.run_id, store.uri))
         backend = open_backend(cfg, state)
         stop_orphans(cfg, backend, state, echo)
+        lease.sweep_partial_writes()
         if reuse_from is not None:
             from eagle3.pipeline.reuse import reuse_stages, unfinished_attempt
 
@@ -173,9 +153,12 @@ def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str]
                           poll_interval=poll_interval, lease=lease)
         try:
             with sigterm_as_interrupt(), view:
-                result = sched.run()
+                result = sched.run()  # an error stops every stage and the server before it is raised
         except Eagle3Error:
-            state.set(finished=True, ended_at=time.time(), outcome="error")
+            try:
+                state.set(finished=True, ended_at=time.time(), outcome="error")
+            except Eagle3Error:
+                pass  # the store that failed the run may fail this too: the run's error is the one to say
             raise
         if result.ok and not recorded.done:  # every stage complete for this config (skipped or adopted)
             recorded.record()

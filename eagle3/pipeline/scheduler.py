@@ -12,7 +12,9 @@ The DAG and resource classes come from ``eagle3.stages``. The rules:
   server. CPU stages run alongside anything (``vocab`` runs while ``extract`` does).
 - A failed stage blocks its dependents; independent stages still run to the end.
 - Ctrl-C / SIGTERM (KeyboardInterrupt here) cancels every running stage and the server;
-  the next run resumes, each stage from its own partial progress.
+  the next run resumes, each stage from its own partial progress. An error that ends the
+  run (the store failing past its retries, a lost lease) stops them the same way, even
+  while the store cannot record it.
 """
 
 from __future__ import annotations
@@ -169,26 +171,34 @@ class Scheduler:
         self._lock = threading.Lock()
         self._progress_saved: dict[str, float] = {}
         self.keys: dict[str, str] = {}  # stage -> the input key it was checked (and is submitted) with
+        self._stopping = False  # shutting down: recording the state is best effort
 
     # -- bookkeeping -----------------------------------------------------------------
 
     def _set(self, name: str, state: str, reason: str = "") -> None:
         row = self.rows[name]
         row.state, row.reason = state, reason
-        if self.state is not None:
-            self.state.update("stages", name, state=state, reason=reason, started_at=row.started_at,
-                              ended_at=row.ended_at, resource=row.resource, gpus=row.gpus,
-                              ref=row.handle.ref if row.handle else None,
-                              extra=row.handle.extra if row.handle else {})
+        self._record("stages", name, state=state, reason=reason, started_at=row.started_at,
+                     ended_at=row.ended_at, resource=row.resource, gpus=row.gpus,
+                     ref=row.handle.ref if row.handle else None, extra=row.handle.extra if row.handle else {})
         self.on_change(self, f"{name}: {state}" + (f" ({reason})" if reason else ""))
 
     def _set_serve(self, state: str, reason: str = "") -> None:
         self.serve.state, self.serve.reason = state, reason
-        if self.state is not None:
-            s = self.serve
-            self.state.update("serve", None, state=state, reason=reason, url=s.url, started_at=s.started_at,
-                              ready_at=s.ready_at, ended_at=s.ended_at)
+        s = self.serve
+        self._record("serve", None, state=state, reason=reason, url=s.url, started_at=s.started_at,
+                     ready_at=s.ready_at, ended_at=s.ended_at)
         self.on_change(self, f"serve: {state}" + (f" ({reason})" if reason else ""))
+
+    def _record(self, section: str, name: str | None, **fields: Any) -> None:
+        """Into state.json; while shutting down a store error is not let stop the shutdown."""
+        if self.state is None:
+            return
+        try:
+            self.state.update(section, name, **fields)
+        except Eagle3Error:
+            if not self._stopping:
+                raise
 
     # -- the loop --------------------------------------------------------------------
 
@@ -208,8 +218,11 @@ class Scheduler:
         except KeyboardInterrupt:
             self._shutdown()
             return RunResult(self.rows, self.serve, self.failures, interrupted=True)
-        except BaseException:
-            self._shutdown()
+        except BaseException:  # an error ends the run: stop what it started, as Ctrl-C does
+            try:
+                self._shutdown()
+            except Exception as e:  # noqa: BLE001 - the error that ended the run is the one raised
+                self.on_change(self, f"while stopping: {e}")
             raise
         self._stop_serve_now()
         return RunResult(self.rows, self.serve, self.failures)
@@ -437,22 +450,37 @@ class Scheduler:
             self._serve_thread.join()
 
     def _shutdown(self) -> None:
-        """Ctrl-C / SIGTERM: stop every running stage and the server, then return."""
+        """Ctrl-C / SIGTERM / an error ending the run: stop every running stage and the server,
+        then return. Each is stopped even if stopping another, or recording it, fails; the first
+        such error is raised once everything was tried."""
+        self._stopping = True
         detach = self.backend.detach_on_interrupt
+        first: Exception | None = None
         for row in self.rows.values():
-            if row.state == "running" and row.handle is not None:
-                if detach:
-                    self.backend.detach(row.handle)
-                    self._set(row.name, "detached", f"left running as {row.handle.ref}; the next run attaches to it")
-                    continue
-                self.backend.cancel(row.handle)
-                row.ended_at = time.time()
-                self._set(row.name, "stopped", "interrupted; the next run resumes it")
-            elif row.state in ("pending", "waiting"):
-                self._set(row.name, "stopped", "interrupted before it started")
-        if detach and any(r.state == "detached" for r in self.rows.values()) and self._endpoint_needed_by_detached():
-            return  # a detached stage still calls the endpoint: leave the server up for it
-        self._stop_serve_now()
+            try:
+                self._stop_row(row, detach)
+            except Exception as e:  # noqa: BLE001 - the other stages and the server must still stop
+                first = first or e
+        try:
+            if not (detach and any(r.state == "detached" for r in self.rows.values())
+                    and self._endpoint_needed_by_detached()):  # a detached stage still calls the endpoint
+                self._stop_serve_now()
+        except Exception as e:  # noqa: BLE001
+            first = first or e
+        if first is not None:
+            raise first
+
+    def _stop_row(self, row: StageRow, detach: bool) -> None:
+        if row.state == "running" and row.handle is not None:
+            if detach:
+                self.backend.detach(row.handle)
+                self._set(row.name, "detached", f"left running as {row.handle.ref}; the next run attaches to it")
+                return
+            self.backend.cancel(row.handle)
+            row.ended_at = time.time()
+            self._set(row.name, "stopped", "interrupted; the next run resumes it")
+        elif row.state in ("pending", "waiting"):
+            self._set(row.name, "stopped", "interrupted before it started")
 
     def _endpoint_needed_by_detached(self) -> bool:
         return any(STAGES[n].needs_endpoint and r.state == "detached" for n, r in self.rows.items())

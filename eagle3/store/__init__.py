@@ -7,7 +7,9 @@ local disk, single PUT or completed multipart upload on S3).
 
 from __future__ import annotations
 
-from eagle3.store.base import Copied, ObjectInfo, ObjectStat, ObjectStore, local_copy, validate_key
+from eagle3.store.base import (Copied, ObjectInfo, ObjectStat, ObjectStore, PartialWrite, local_copy,
+                               stale_partial_writes, validate_key)
 from eagle3.store.open import open_store
 
-__all__ = ["Copied", "ObjectInfo", "ObjectStat", "ObjectStore", "local_copy", "open_store", "validate_key"]
+__all__ = ["Copied", "ObjectInfo", "ObjectStat", "ObjectStore", "PartialWrite", "local_copy", "open_store",
+           "stale_partial_writes", "validate_key"]

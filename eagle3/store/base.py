@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +47,16 @@ class Copied:
 
     stat: ObjectStat
     source_fingerprint: str
+
+
+@dataclass(frozen=True)
+class PartialWrite:
+    """A write begun and never finished (its writer killed): invisible to listings, never an
+    object. On disk a hidden ``.<name>.<id>.partial`` file, on S3 an unfinished multipart upload."""
+
+    key: str  # the object it would have become
+    written_at: float  # epoch seconds of its last write
+    handle: str  # what the store needs to remove it (the file's key, the upload id)
 
 
 def validate_key(key: str) -> str:
@@ -148,6 +159,14 @@ class ObjectStore(ABC):
         """Delete the object only if it is still at ``version``; False when it changed (a missing
         object counts as deleted: True)."""
 
+    def partial_writes(self, prefix: str) -> list[PartialWrite]:
+        """Writes under ``prefix`` begun and not finished: those in flight, and those a killed
+        writer left (see :func:`eagle3.store.stale_partial_writes`)."""
+        return []
+
+    def remove_partial(self, partial: PartialWrite) -> None:
+        """Remove what a partial write left (a write still in flight then fails)."""
+
     def size(self, key: str) -> int | None:
         """Size in bytes, or None when the object does not exist."""
         st = self.stat(key)
@@ -242,3 +261,12 @@ class ObjectStore(ABC):
 
     def join(self, *parts: str) -> str:
         return validate_key("/".join(p.strip("/") for p in parts if p))
+
+
+def stale_partial_writes(store: ObjectStore, prefix: str, idle_s: float,
+                         now: float | None = None) -> list[PartialWrite]:
+    """Partial writes under ``prefix`` not written to for ``idle_s`` seconds: a live writer
+    writes continually (a local file's mtime, an upload's newest part move as it streams), so
+    one idle that long belongs to a writer that is gone."""
+    now = time.time() if now is None else now
+    return [p for p in store.partial_writes(prefix) if p.written_at < now - idle_s]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from eagle3.errors import StoreError
-from eagle3.store.base import Copied, HashingWriter, ObjectInfo, ObjectStat, ObjectStore, validate_key
+from eagle3.store.base import Copied, HashingWriter, ObjectInfo, ObjectStat, ObjectStore, PartialWrite, validate_key
 
 # link(2) failures that mean "this filesystem or these folders cannot share the file": copy the bytes
 _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP)
@@ -135,6 +135,26 @@ class LocalStore(ObjectStore):
                     continue
                 keys.append(Path(dirpath, name).relative_to(self.root).as_posix())
         return sorted(keys)
+
+    def partial_writes(self, prefix: str) -> list[PartialWrite]:
+        base = self.root / validate_key(prefix.strip("/")) if prefix.strip("/") else self.root
+        out = []
+        for dirpath, _, files in os.walk(base):
+            for name in files:
+                if not (_hidden(name) and name.endswith(".partial")):
+                    continue
+                path = Path(dirpath, name)
+                try:
+                    written = path.stat().st_mtime
+                except FileNotFoundError:  # finished (renamed) or removed just now
+                    continue
+                folder = path.parent.relative_to(self.root).as_posix()
+                key = f"{folder}/{name[1:].rsplit('.', 2)[0]}" if folder != "." else name[1:].rsplit(".", 2)[0]
+                out.append(PartialWrite(key, written, path.relative_to(self.root).as_posix()))
+        return sorted(out, key=lambda p: p.handle)
+
+    def remove_partial(self, partial: PartialWrite) -> None:
+        (self.root / partial.handle).unlink(missing_ok=True)
 
     def delete(self, key: str) -> None:
         path = self._path(key)

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from eagle3.errors import StoreError
-from eagle3.store.base import Copied, HashingWriter, ObjectInfo, ObjectStat, ObjectStore, validate_key
+from eagle3.store.base import Copied, HashingWriter, ObjectInfo, ObjectStat, ObjectStore, PartialWrite, validate_key
 
 PART_SIZE = 16 << 20  # S3 minimum is 5 MiB; 16 MiB keeps 10,000 parts ≥ 160 GB objects
 COPY_MAX = 5 << 30  # the largest object one CopyObject copies; larger ones are copied part by part
@@ -295,6 +295,41 @@ class S3Store(ObjectStore):
             return bool(self.client.list_objects_v2(Bucket=self.bucket, Prefix=full, MaxKeys=1).get("Contents"))
         except Exception as e:
             raise _explain(e, f"listing {self.uri}/{prefix}") from None
+
+    def partial_writes(self, prefix: str) -> list[PartialWrite]:
+        """Unfinished multipart uploads (one LIST per 1,000), each dated by its newest part."""
+        full = self._k(prefix.strip("/")) + "/" if prefix.strip("/") else (self.prefix + "/" if self.prefix else "")
+        out = []
+        try:
+            for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=full):
+                for u in page.get("Uploads", []):
+                    written = self._last_part_written(u)
+                    if written is not None:
+                        out.append(PartialWrite(self._rel(u["Key"]), written, u["UploadId"]))
+        except Exception as e:
+            raise _explain(e, f"listing unfinished uploads under {self.uri}/{prefix}") from None
+        return out
+
+    def _last_part_written(self, upload: dict[str, Any]) -> float | None:
+        """When the upload last grew (None: it finished or was aborted meanwhile)."""
+        newest = upload["Initiated"]
+        try:
+            pages = self.client.get_paginator("list_parts").paginate(Bucket=self.bucket, Key=upload["Key"],
+                                                                    UploadId=upload["UploadId"])
+            for page in pages:
+                newest = max([newest, *(p["LastModified"] for p in page.get("Parts", []))])
+        except Exception as e:
+            if _code(e) in ("NoSuchUpload", "404"):
+                return None
+            raise
+        return newest.timestamp()
+
+    def remove_partial(self, partial: PartialWrite) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=self._k(partial.key), UploadId=partial.handle)
+        except Exception as e:
+            if _code(e) not in ("NoSuchUpload", "404"):
+                raise _explain(e, f"aborting the upload of {self.uri}/{partial.key}") from None
 
     def delete(self, key: str) -> None:
         try:

@@ -13,7 +13,7 @@ from eagle3.config import load_config
 from eagle3.manifest import StageOutput
 from eagle3.pipeline.report import STAMP_BAND
 from eagle3.store import open_store
-from tests.committed import key_of
+from tests.committed import key_of, put_required
 
 runner = CliRunner()
 
@@ -66,6 +66,7 @@ def _commit(store, cfg, stage, objects: dict[str, bytes], stats: dict):
     out.begin()
     for name, data in objects.items():
         out.put_bytes(name, data)
+    put_required(out, stage)
     out.commit(stats)
 
 

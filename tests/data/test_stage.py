@@ -117,23 +117,31 @@ def test_generate_against_transformers_serve(arch, tiny_server, tmp_path):
     assert not list((store / "gen" / "generate").rglob("part-*"))  # merged, then dropped
 
 
-@pytest.mark.slow
-def test_killed_generate_resumes_without_loss_or_duplicates(tiny_server, tmp_path):
-    served = tiny_server("llama")
-    config = write_config(tmp_path, served.target_dir, part_size=1, concurrency=1)
-    # A part counts once its journal entry exists (the part object is written just before it).
-    parts = tmp_path / "store" / "gen" / "generate" / attempt_root(stage_key(load_config(config)), None) / "_journal" / "parts"
-    proc = subprocess.Popen([EAGLE3, "stage", "generate", "-c", str(config), "--endpoint", served.base_url],
+def kill_once_parts_are_journaled(config: Path, endpoint: str, parts: int) -> Path:
+    """Run ``eagle3 stage generate`` and SIGKILL it once ``parts`` parts are journaled; the attempt folder."""
+    folder = Path(load_config(config).store.uri.removeprefix("file://")) / "gen" / "generate" / attempt_root(
+        stage_key(load_config(config)), None)
+    journal = folder / "_journal" / "parts"  # a part counts once its journal entry exists (written just after it)
+    proc = subprocess.Popen([EAGLE3, "stage", "generate", "-c", str(config), "--endpoint", endpoint],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:  # killed once three parts are journaled, however long that takes
-        assert until(lambda: len(list(parts.glob("part-*.jsonl.json"))) >= 3, proc), "generate ended before 3 parts"
+    try:  # killed once the parts are journaled, however long that takes
+        assert until(lambda: len(list(journal.glob("part-*.jsonl.json"))) >= parts, proc), \
+            f"generate ended before {parts} parts"
         assert proc.poll() is None, "generate finished before it could be killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     finally:
         if proc.poll() is None:
             proc.kill()
-    committed = len(list(parts.glob("part-*.jsonl.json")))
+    return folder
+
+
+@pytest.mark.slow
+def test_killed_generate_resumes_without_loss_or_duplicates(tiny_server, tmp_path):
+    served = tiny_server("llama")
+    config = write_config(tmp_path, served.target_dir, part_size=1, concurrency=1)
+    folder = kill_once_parts_are_journaled(config, served.base_url, 3)
+    committed = len(list((folder / "_journal" / "parts").glob("part-*.jsonl.json")))
     assert 3 <= committed < N_PROMPTS
     stats = run_stage(load_config(config), "generate", endpoint=served.base_url)  # the rerun: same code the CLI runs
     assert stats["requested"] == N_PROMPTS
@@ -144,6 +152,42 @@ def test_killed_generate_resumes_without_loss_or_duplicates(tiny_server, tmp_pat
     assert meta["resumed"] >= committed and meta["resumed"] + meta["generated_this_attempt"] == N_PROMPTS
     data = read_tokenized(committed_file(tmp_path / "store", "tokenized.safetensors"))
     assert sorted(data.sample_ids.tolist()) == sorted(ids)
+
+
+def one_character_changed(text: str) -> str:
+    """``text`` with its first character replaced by a neighbour of the same UTF-8 size (a same-size edit)."""
+    for i, c in enumerate(text):
+        for d in (chr(ord(c) ^ 1), chr(ord(c) ^ 2)):
+            if d.isprintable() and d not in '"\\' and len(d.encode()) == len(c.encode()):
+                return text[:i] + d + text[i + 1:]
+    raise AssertionError(f"no character of {text!r} to change")
+
+
+@pytest.mark.slow
+def test_a_journaled_part_edited_in_place_is_discarded_and_requested_again(tiny_server, tmp_path, capfd):
+    served = tiny_server("llama")
+    config = write_config(tmp_path, served.target_dir, part_size=1, concurrency=1)
+    folder = kill_once_parts_are_journaled(config, served.base_url, 2)
+    part = folder / "parts" / "part-000000.jsonl"
+    record = json.loads(part.read_text())
+    # the response's text: its content, or the reasoning the server split off
+    text = next(v for k, v in record["response"].items() if k != "role" and isinstance(v, str) and v)
+    size = part.stat().st_size
+    edited = json.dumps(one_character_changed(text), ensure_ascii=False)
+    part.write_text(part.read_text().replace(json.dumps(text, ensure_ascii=False), edited))
+    assert edited in part.read_text() and part.stat().st_size == size
+    journaled = len(list((folder / "_journal" / "parts").glob("part-*.jsonl.json")))
+    capfd.readouterr()
+    stats = run_stage(load_config(config), "generate", endpoint=served.base_url)
+    said = [ln for ln in capfd.readouterr().err.splitlines() if "discarded" in ln]
+    assert said == [f"generate: discarded parts/part-000000.jsonl of the interrupted attempt (corrupted object "
+                    f"file://{folder}/parts/part-000000.jsonl: sha256 differs from the journal); "
+                    "its work is done again"]
+    records = {r["id"]: r for r in read_raw(tmp_path / "store")}
+    assert len(records) == N_PROMPTS and edited not in json.dumps(records[record["id"]], ensure_ascii=False)
+    assert stats["resumed"] == journaled - 1 and stats["generated_this_attempt"] == N_PROMPTS - journaled + 1
+    v = verify_stage(open_store(load_config(config).store.uri), "gen", "generate", deep=True, content_check=deep_check)
+    assert v.complete, v.problems
 
 
 def test_malformed_prompts_file(tiny_llama_dir, tmp_path):

@@ -1,6 +1,7 @@
 import json
 import multiprocessing
 import re
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from eagle3.manifest import StageOutput, verify_stage
 from eagle3.store import open_store
 from tests.extract.pipeline import (commit_generate, commit_untrained_train, commit_vocab, pipeline_config,
                                     random_samples)
-from tests.committed import key_of
+from tests.committed import attempt_key, key_of
 
 
 def test_evaluate_stage_reports_acceptance_of_the_export(tmp_path, tiny_target_dir):
@@ -99,32 +100,46 @@ class Killed(Exception):
     pass
 
 
-def test_a_killed_evaluation_decodes_only_the_prompts_left(tmp_path, tiny_target_dir, monkeypatch):
-    from contextlib import contextmanager
+def killed_at_the_third_prompt(real_put):
+    """StageOutput.put_json that dies when the third prompt's result is to be journaled."""
 
-    cfg = exported_run(tmp_path, tiny_target_dir("llama"), **{"evaluate.batch_size": 2})
-    store = open_store(cfg.store.uri)
-    real_put = StageOutput.put_json
-
-    def killed_at_the_third_prompt(self, name, obj, journal=True):
+    def put_json(self, name, obj, journal=True):
         if name == evaluate_stage.prompt_key(2):
             raise Killed()
         return real_put(self, name, obj, journal)
 
-    monkeypatch.setattr(StageOutput, "put_json", killed_at_the_third_prompt)
-    with pytest.raises(Killed):
-        run_stage(cfg, "evaluate")  # killed after prompts 0 and 1 were journaled
-    monkeypatch.setattr(StageOutput, "put_json", real_put)
-    assert not verify_stage(store, "t", "evaluate").complete
+    return put_json
 
-    decoded, real_open = [], evaluate_stage.open_hf_decoder
+
+def counting_decoder(decoded: list[int]):
+    """open_hf_decoder's real decoder, noting in ``decoded`` which prompts it is given."""
+    real_open = evaluate_stage.open_hf_decoder
 
     @contextmanager
-    def counting_decoder(*args):  # the real decoder, noting which prompts it is given
+    def counting(*args):
         with real_open(*args) as decode:
             yield lambda positions, items: decoded.extend(i for i, _, _ in items) or decode(positions, items)
 
-    monkeypatch.setattr(evaluate_stage, "open_hf_decoder", counting_decoder)
+    return counting
+
+
+def killed_evaluation(tmp_path, tiny_target_dir, monkeypatch):
+    """A run whose evaluate was killed after prompts 0 and 1 were journaled."""
+    cfg = exported_run(tmp_path, tiny_target_dir("llama"), **{"evaluate.batch_size": 2})
+    with monkeypatch.context() as m:
+        m.setattr(StageOutput, "put_json", killed_at_the_third_prompt(StageOutput.put_json))
+        with pytest.raises(Killed):
+            run_stage(cfg, "evaluate")
+    assert not verify_stage(open_store(cfg.store.uri), "t", "evaluate").complete
+    return cfg
+
+
+def test_a_killed_evaluation_decodes_only_the_prompts_left(tmp_path, tiny_target_dir, monkeypatch):
+    cfg = killed_evaluation(tmp_path, tiny_target_dir, monkeypatch)
+    store = open_store(cfg.store.uri)
+    real_put, real_open = StageOutput.put_json, evaluate_stage.open_hf_decoder
+    decoded: list[int] = []
+    monkeypatch.setattr(evaluate_stage, "open_hf_decoder", counting_decoder(decoded))
     stats = run_stage(cfg, "evaluate")
     assert decoded == [2, 3] and stats["prompts_resumed"] == 2
     resumed = json.loads(store.get_bytes(key_of(store, 't', "evaluate", 'report.json')))
@@ -135,11 +150,35 @@ def test_a_killed_evaluation_decodes_only_the_prompts_left(tmp_path, tiny_target
     assert without_timing(resumed) == without_timing(clean)
 
     # a forced rerun that is killed costs nothing: the committed report stays, verified
-    monkeypatch.setattr(StageOutput, "put_json", killed_at_the_third_prompt)
+    monkeypatch.setattr(StageOutput, "put_json", killed_at_the_third_prompt(real_put))
     with pytest.raises(Killed):
         run_stage(cfg, "evaluate", force=True)
     v = verify_stage(store, "t", "evaluate", deep=True, content_check=evaluate_stage.deep_check)
     assert v.complete and json.loads(store.get_bytes(key_of(store, 't', "evaluate", 'report.json'))) == clean
+
+
+def test_a_prompt_result_edited_in_place_before_resume_is_decoded_again(tmp_path, tiny_target_dir, monkeypatch, capfd):
+    cfg = killed_evaluation(tmp_path, tiny_target_dir, monkeypatch)
+    store = open_store(cfg.store.uri)
+    path = store.local_path(attempt_key(store, "t", "evaluate", evaluate_stage.prompt_key(0)))
+    text = path.read_text()
+    i = re.compile(r'"accept_lengths": \[\s*').search(text).end()  # the first prompt step's accepted length
+    path.write_text(text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1:])  # same size, still a valid result
+    capfd.readouterr()
+    decoded: list[int] = []
+    monkeypatch.setattr(evaluate_stage, "open_hf_decoder", counting_decoder(decoded))
+    stats = run_stage(cfg, "evaluate")
+    said = [ln for ln in capfd.readouterr().err.splitlines() if "discarded" in ln]
+    assert len(said) == 1 and said[0].startswith(
+        f"evaluate: discarded {evaluate_stage.prompt_key(0)} of the interrupted attempt (corrupted")
+    assert decoded == [0, 2, 3] and stats["prompts_resumed"] == 1
+    def report() -> dict:
+        return json.loads(store.get_bytes(key_of(store, "t", "evaluate", "report.json")))
+
+    resumed = report()
+    monkeypatch.undo()
+    run_stage(cfg, "evaluate", force=True)  # a clean attempt, from scratch
+    assert without_timing(resumed) == without_timing(report())
 
 
 def commit_export_with_d2t_outside_the_target_vocab(cfg, tmp_path):
@@ -155,6 +194,7 @@ def commit_export_with_d2t_outside_the_target_vocab(cfg, tmp_path):
     out.begin()
     out.put_json("config.json", config)
     out.put_file("model.safetensors", tmp_path / "model.safetensors")
+    out.put_bytes("SERVING.md", store.get_bytes(key_of(store, 't', "export", 'SERVING.md')))
     out.commit({})
 
 

@@ -11,7 +11,7 @@ from eagle3.config import PipelineConfig, load_config
 from eagle3.data.tokenized import TOKENIZED, from_lists, write_tokenized
 from eagle3.manifest import StageOutput
 from eagle3.store import open_store
-from tests.committed import key_of
+from tests.committed import key_of, put_required
 
 
 def pipeline_config(store_dir: Path, target_dir: Path, **overrides: Any) -> PipelineConfig:
@@ -42,6 +42,7 @@ def commit_generate(cfg: PipelineConfig, samples: list[tuple[int, list[int], lis
     out.put_file(TOKENIZED, path)
     for name, data in (extra or {}).items():
         out.put_bytes(name, data)
+    put_required(out, "generate")
     out.commit({"samples": len(samples)})
 
 
@@ -55,6 +56,7 @@ def commit_vocab(cfg: PipelineConfig, counts: torch.Tensor, draft_vocab_size: in
     d2t, t2d = build_vocab_mapping(counts, draft_vocab_size)
     save_vocab_mapping(tmp / "vocab_mapping.safetensors", d2t, t2d)
     out.put_file("vocab_mapping.safetensors", tmp / "vocab_mapping.safetensors")
+    put_required(out, "vocab")
     out.commit({"draft_vocab_size": draft_vocab_size})
 
 
@@ -77,5 +79,6 @@ def commit_untrained_train(cfg: PipelineConfig, draft_vocab_size: int, tmp: Path
     out.begin()
     out.put_file(weights.name, weights)
     out.put_file(config.name, config)
+    put_required(out, "train")
     out.commit({"steps": 0})
     return model

@@ -10,7 +10,7 @@ from eagle3.manifest import read_manifest, verify_stage
 from eagle3.store import open_store
 from eagle3.targets.aux_layers import default_aux_layer_ids
 from tests.extract.pipeline import commit_generate, pipeline_config, random_samples
-from tests.committed import key_of
+from tests.committed import attempt_key, flip_in_place, key_of
 
 
 def _shards(store, run_id="t"):
@@ -75,7 +75,8 @@ class Killed(Exception):
     """Simulates the job being killed in the middle of extraction."""
 
 
-def test_resume_after_kill_adopts_shards_without_duplicates(tmp_path, tiny_target_dir, monkeypatch):
+def _killed_at_the_third_shard(tmp_path, tiny_target_dir, monkeypatch):
+    """(config of a run whose extract was killed after two shards, its samples, a clean run's manifest)."""
     overrides = {"extract.shard_tokens": 60, "extract.batch_tokens": 64}
     samples = random_samples(10, seed=1)
     clean = pipeline_config(tmp_path / "clean", tiny_target_dir("llama"), **overrides)
@@ -96,17 +97,40 @@ def test_resume_after_kill_adopts_shards_without_duplicates(tmp_path, tiny_targe
     monkeypatch.setattr(extract_stage, "extract_shard", dies_on_third)
     with pytest.raises(Killed):
         run_stage(cfg, "extract")
-    store = open_store(cfg.store.uri)
-    assert not verify_stage(store, "t", "extract").complete
+    assert not verify_stage(open_store(cfg.store.uri), "t", "extract").complete
     monkeypatch.setattr(extract_stage, "extract_shard", real_extract)
-    stats = run_stage(cfg, "extract")
-    assert stats["shards_adopted"] == 2
+    return cfg, samples, clean_m
+
+
+def _same_shards_as(clean_m, store, samples) -> None:
     m, shards = _shards(store)
     ids = [int(i) for s in shards for i in s.sample_ids]
     assert ids == [s[0] for s in samples]
     # Same shards, byte for byte, as a run that was never interrupted.
     assert {o.key: o.sha256 for o in m.objects if o.key.startswith("shards/")} == \
         {o.key: o.sha256 for o in clean_m.objects if o.key.startswith("shards/")}
+
+
+def test_resume_after_kill_adopts_shards_without_duplicates(tmp_path, tiny_target_dir, monkeypatch):
+    cfg, samples, clean_m = _killed_at_the_third_shard(tmp_path, tiny_target_dir, monkeypatch)
+    stats = run_stage(cfg, "extract")
+    assert stats["shards_adopted"] == 2
+    _same_shards_as(clean_m, open_store(cfg.store.uri), samples)
+
+
+def test_a_shard_edited_in_place_before_resume_is_extracted_again(tmp_path, tiny_target_dir, monkeypatch, capfd):
+    cfg, samples, clean_m = _killed_at_the_third_shard(tmp_path, tiny_target_dir, monkeypatch)
+    store = open_store(cfg.store.uri)
+    shard = "shards/shard-000001.safetensors"
+    path = store.local_path(attempt_key(store, "t", "extract", shard))
+    flip_in_place(path, keep_mtime=True)  # same size, same mtime: only its content (and ctime) moved
+    capfd.readouterr()
+    stats = run_stage(cfg, "extract")
+    assert stats["shards_adopted"] == 1
+    said = [ln for ln in capfd.readouterr().err.splitlines() if "discarded" in ln]
+    assert len(said) == 1 and said[0].startswith(f"extract: discarded {shard} of the interrupted attempt (corrupted")
+    _same_shards_as(clean_m, store, samples)
+    assert verify_stage(store, "t", "extract", deep=True, content_check=extract_stage.deep_check).complete
 
 
 def test_bad_aux_ids_are_one_line_errors(tmp_path, tiny_target_dir):

@@ -11,6 +11,7 @@ from eagle3.manifest import StageOutput
 from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.stages import STAGES, stage_config
 from eagle3.store import ObjectStore
+from tests.committed import put_required
 
 
 WAIT_FOR_OTHER_S = 120.0  # only a scheduler that never starts the other stage waits this long
@@ -78,6 +79,7 @@ class FakeBackend(Backend):
                           {k: v.digest for k, v in upstream.items()}, config=stage_config(self.cfg, spec, self.store))
         out.begin()
         out.put_bytes("out.txt", f"{handle.stage}\n".encode())
+        put_required(out, handle.stage)
         out.commit({"samples": 1})
         return StageOutcome(handle.stage, True)
 

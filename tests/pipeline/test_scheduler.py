@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import load_config
-from eagle3.errors import ConfigError
+from eagle3.errors import ConfigError, StoreError
 from eagle3.pipeline.runstate import RunState, read_state
 from eagle3.pipeline.scheduler import Scheduler, Selection
 from eagle3.stages import ORDER, STAGES
@@ -164,3 +164,71 @@ def test_a_server_that_does_not_start_fails_generate_with_its_reason(tmp_path):
     assert f.reason == "the serve endpoint did not start: transformers server exited with code 1 while starting"
     assert f.log_tail == ["OSError: no such model"]
     assert all(result.rows[n].state == "blocked" for n in ORDER if n != "generate")
+
+
+def _drop_from_manifest(store, run_id: str, stage: str, pattern: str) -> None:
+    """Edit a committed manifest as a tamperer (or a buggy writer) would: one object entry removed."""
+    import json
+    from fnmatch import fnmatchcase
+
+    key = f"{run_id}/{stage}/manifest.json"
+    m = json.loads(store.get_bytes(key))
+    kept = [o for o in m["objects"] if not fnmatchcase(o["key"], pattern)]
+    assert len(kept) == len(m["objects"]) - 1
+    store.put_bytes(key, json.dumps({**m, "objects": kept}).encode())
+
+
+@pytest.mark.parametrize("stage,pattern,problem", [
+    ("evaluate", "report.json", "manifest of t1/evaluate lists no object 'report.json', which the stage always writes"),
+    ("extract", "shards/shard-*", "manifest of t1/extract lists 0 objects 'shards/shard-*.safetensors'; its "
+                                  "index.json lists 1"),
+])
+def test_a_manifest_missing_a_required_object_is_incomplete_for_status_verify_and_the_scheduler(
+        tmp_path, stage, pattern, problem):
+    from eagle3.pipeline.status import collect_status
+    from eagle3.pipeline.scheduler import descendants
+    from eagle3.verify import verify_run
+
+    cfg, store = setup(tmp_path)
+    run(cfg, store, tmp_path)
+    _drop_from_manifest(store, cfg.run_id, stage, pattern)
+    status = {r["stage"]: r for r in collect_status(cfg, store)}
+    assert (status[stage]["state"], status[stage]["reason"]) == ("incomplete", problem)
+    lines: list[str] = []
+    for deep in (False, True):
+        assert not verify_run(cfg, [stage], deep, lines.append)
+    assert lines.count(f"  {problem}") == 2
+    b, result, _ = run(cfg, store, tmp_path)  # the stage reruns (and so does what hashes its manifest)
+    assert result.ok and sorted(b.submitted) == sorted({stage} | descendants(stage))
+    assert collect_status(cfg, store)[ORDER.index(stage)]["state"] == "complete"
+
+
+class StoreFailsOnProgress(RunState):
+    """The run's state record on a store that starts failing every write (its retry budget spent)
+    once the scheduler records ``stage``'s first progress: the failure comes mid-stage."""
+
+    def __init__(self, store, run_id, local_dir, stage: str) -> None:
+        super().__init__(store, run_id, local_dir)
+        self.stage, self.failing = stage, False
+
+    def save(self) -> None:
+        if self.failing or self.data["stages"].get(self.stage, {}).get("progress"):
+            self.failing = True
+            raise StoreError(f"writing {self.store.uri}/{self.key}: S3 error SlowDown (max retries reached)")
+        super().save()
+
+
+@pytest.mark.parametrize("stage", ["generate", "extract"])  # the server up / vocab and extract running
+def test_a_store_error_mid_stage_stops_every_running_stage_and_the_server_as_ctrl_c_does(tmp_path, stage):
+    cfg, store = setup(tmp_path)
+    backend = FakeBackend(cfg, store, durations={**DURATIONS, stage: 600.0, "vocab": 600.0})
+    state = StoreFailsOnProgress(store, cfg.run_id, tmp_path / "state", stage)
+    lines: list[str] = []
+    sched = Scheduler(cfg, backend, store, state=state, poll_interval=0.01, on_change=lambda s, msg: lines.append(msg))
+    with pytest.raises(StoreError, match="S3 error SlowDown"):  # the error that ended the run, not a later one
+        sched.run()
+    running = {"generate"} if stage == "generate" else {"vocab", "extract"}
+    assert set(backend.cancelled) == running and all(backend.runs[n].end for n in running)
+    assert backend.serve_runs and all(s.end is not None for s in backend.serve_runs)  # the server stopped
+    assert {n for n, r in sched.rows.items() if r.state == "stopped"} >= running
+    assert f"{stage}: stopped (interrupted; the next run resumes it)" in lines  # said, though not recorded

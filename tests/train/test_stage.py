@@ -33,7 +33,7 @@ from eagle3.train.optim import muon_matrix
 from eagle3.config import PipelineConfig, load_config
 from tests.extract.pipeline import commit_generate, random_samples
 from tests.fixtures_targets import free_port
-from tests.committed import attempt_key, key_of
+from tests.committed import attempt_key, flip_in_place, key_of
 
 TRAIN = {
     "train.max_steps": 6, "train.batch_tokens": 160, "train.max_seq_len": 48, "train.log_every": 1,
@@ -195,6 +195,33 @@ def test_stop_then_rerun_continues_the_same_loss_trajectory(upstream, tmp_path, 
     for ra, rb in zip(a, b):
         for k in ("loss", "loss_0", "loss_2", "acc_1", "grad_norm", "lr"):
             assert rb[k] == pytest.approx(ra[k], rel=1e-5, abs=1e-7), (ra["step"], k)
+
+
+def test_a_checkpoint_edited_in_place_before_resume_is_discarded_for_the_one_before(
+        upstream, tmp_path, monkeypatch, capfd):
+    whole = run_stage(fresh_config(upstream, tmp_path / "a"), "train")
+    assert whole is not None
+    cfg = fresh_config(upstream, tmp_path / "b")
+    monkeypatch.setattr(train_stage, "StopFlag", lambda: StopAtCall(4))  # checkpoints at steps 2 and 3
+    with pytest.raises(StageError, match="stopped on request at step 3"):
+        run_stage(cfg, "train")
+    monkeypatch.undo()
+    store = open_store(cfg.store.uri)
+    weights = "checkpoints/step-0000003/model.safetensors"
+    path = store.local_path(attempt_key(store, "t", "train", weights))
+    flip_in_place(path, offset=path.stat().st_size - 1)  # the last byte: a weight, not the header
+    capfd.readouterr()
+    resumed = run_stage(cfg, "train")
+    said = [ln for ln in capfd.readouterr().err.splitlines() if "discarded" in ln]
+    assert len(said) == 1 and said[0].startswith(f"train: discarded {weights} of the interrupted attempt (corrupted")
+    assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 6
+    a_store = open_store(f"file://{tmp_path / 'a' / 'store'}")
+    a = parse_metrics(a_store.get_bytes(key_of(a_store, "t", "train", "metrics.jsonl")).decode())
+    b = parse_metrics(store.get_bytes(key_of(store, "t", "train", "metrics.jsonl")).decode())
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
+    for ra, rb in zip(a, b):  # steps 3..6 trained again from step 2's checkpoint, as the whole run did
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5, abs=1e-7), ra["step"]
+    assert verify_stage(store, "t", "train", deep=True, content_check=train_stage.deep_check).complete
 
 
 def test_sigterm_sets_the_stop_flag():

@@ -134,10 +134,12 @@ def test_deep_check_catches_a_tampered_mapping(fabricated_generate: tuple[Path, 
     ids = t2d_bad.nonzero().flatten()
     d2t_bad = ids - torch.arange(N)
     coverage_json = store.get_bytes(key_of(store, 'r1', "vocab", 'coverage.json'))
+    coverage_png = store.get_bytes(key_of(store, 'r1', "vocab", 'coverage.png'))
     out = StageOutput(store, "r1", "vocab", good.manifest.input_key, good.manifest.upstream)
     out.begin()
     out.put_bytes("vocab_mapping.safetensors", save_bytes({"d2t": d2t_bad, "t2d": t2d_bad}))
     out.put_bytes("coverage.json", coverage_json)
+    out.put_bytes("coverage.png", coverage_png)
     out.commit(good.manifest.stats)
     v = verify_stage(store, "r1", "vocab", deep=True, content_check=deep_check)
     assert not v.complete
@@ -148,6 +150,7 @@ def test_deep_check_catches_a_tampered_mapping(fabricated_generate: tuple[Path, 
     out.begin()
     out.put_bytes("vocab_mapping.safetensors", save_bytes({"d2t": d2t, "t2d": t2d_bad}))
     out.put_bytes("coverage.json", coverage_json)
+    out.put_bytes("coverage.png", coverage_png)
     out.commit(good.manifest.stats)
     r = _eagle3ctl("verify", "-c", str(cfg_path), "--stage", "vocab", "--deep")
     assert r.exit_code == 1
