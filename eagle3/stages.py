@@ -58,7 +58,7 @@ def _names(*names: str) -> tuple[Required, ...]:
 STAGES: dict[str, StageSpec] = {
     s.name: s
     for s in [
-        StageSpec("generate", (), ("target", "generate"), "cpu", "eagle3.data.stage:run", "eagle3.data.stage:deep_check",
+        StageSpec("generate", (), ("target", "generate"), "cpu", "eagle3.generate.stage:run", "eagle3.generate.stage:deep_check",
                   "target responses to prompts, tokenized with loss masks", needs_endpoint=True,
                   required=_names("raw_responses.jsonl", "tokenized.safetensors", "token_freq.safetensors",
                                   "metadata.json")),

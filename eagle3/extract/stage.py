@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from eagle3.context import StageContext
-from eagle3.data.tokenized import TOKENIZED, read_tokenized
+from eagle3.generate.tokenized import TOKENIZED, read_tokenized
 from eagle3.errors import StageError
 from eagle3.extract.batching import plan_shards
 from eagle3.targets.capture import HiddenCapture, find_decoder_stack

@@ -155,7 +155,7 @@ def check_run(cfg: PipelineConfig, to_run: set[str], echo: Callable[[str], None]
 def _read_prompt_files(cfg: PipelineConfig, to_run: set[str], problems: list[str]) -> dict[str, list[Any]]:
     """The prompts of every prompt file a stage to run reads here (local or builtin), parsed; a
     file that does not parse, is empty or binary adds its one line to ``problems``."""
-    from eagle3.data.prompts import parse_prompts, read_prompts_bytes
+    from eagle3.generate.prompts import parse_prompts, read_prompts_bytes
 
     out: dict[str, list[Any]] = {}
     for section, name in FILE_FIELDS:
@@ -187,7 +187,7 @@ def _prompt_length_problems(cfg: PipelineConfig, prompts: list[Any]) -> list[str
     too_long: list[tuple[int, str]] = [(p.line, f"at least {-(-n // widest):,}") for p, n in unsure if n > limit * widest]
     measure = [p for p, n in unsure if n <= limit * widest]
     if measure:
-        from eagle3.data.render import encode, generation_prompt
+        from eagle3.generate.render import encode, generation_prompt
         from eagle3.targets.load import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.target)

@@ -200,7 +200,7 @@ def summary_lines(run: PipelineRun) -> list[str]:
 def result_lines(cfg: PipelineConfig, exported: bool) -> list[str]:
     """The end of a good run: the acceptance length, where the drafter is (and the command that always
     finds it), where the report is."""
-    from eagle3.config import DEFAULT_STORE_URI
+    from eagle3.settings.store import DEFAULT_STORE_URI
     from eagle3.pipeline.report import acceptance_line, build_report, drafter_location, evaluation_report
 
     store = open_run_store(cfg, create=False)

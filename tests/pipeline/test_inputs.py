@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from eagle3.config import load_config
-from eagle3.data.prompts import read_prompts_bytes
+from eagle3.generate.prompts import read_prompts_bytes
 from eagle3.errors import ConfigError
 from eagle3.pipeline.inputs import input_digest, local_inputs, upload_inputs, with_inputs
 from eagle3.store import open_store
