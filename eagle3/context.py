@@ -20,12 +20,10 @@ from eagle3.errors import UpstreamMissing
 from eagle3.manifest import (LoadedManifest, ObjectWriter, StageOutput, attempt_prefix, attempt_root,
                              compute_input_key, read_manifest, verify_stage)
 from eagle3.errors import ManifestError
+from eagle3.progress import emit_progress
 from eagle3.signals import sigterm_as_interrupt
 from eagle3.stages import StageSpec, get_stage, stage_config
 from eagle3.store import ObjectStore, open_store
-
-PROGRESS_TAG = "EAGLE3_PROGRESS"
-
 
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
@@ -86,13 +84,6 @@ class StageContext:
             return
         self._last_progress = t
         emit_progress({"stage": self.spec.name, "done": done, "total": total, "unit": unit, **extra})
-
-
-def emit_progress(record: dict[str, Any]) -> None:
-    """One ``EAGLE3_PROGRESS {...}`` line on stderr, in one write: the ranks of a torchrun stage share
-    the pipe, and print()'s separate write of the newline let two ranks' lines run into one."""
-    sys.stderr.write(f"{PROGRESS_TAG} {json.dumps(record)}\n")
-    sys.stderr.flush()
 
 
 def upstream_digests(cfg: PipelineConfig, spec: StageSpec, store: ObjectStore) -> dict[str, LoadedManifest]:

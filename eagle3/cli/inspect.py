@@ -48,7 +48,7 @@ def logs(
     """Print the log of the stage's latest attempt."""
     from eagle3.context import open_run_store
     from eagle3.errors import RunNotFound
-    from eagle3.pipeline.runner import open_backend
+    from eagle3.cli.backends import open_backend
     from eagle3.pipeline.runstate import RunState
     from eagle3.stages import get_stage
 

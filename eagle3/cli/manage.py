@@ -53,7 +53,7 @@ def down(
     """Stop whatever the run started (server, stages); the store is left as it is."""
     from eagle3.context import open_run_store
     from eagle3.errors import RunNotFound
-    from eagle3.pipeline.runner import open_backend
+    from eagle3.cli.backends import open_backend
     from eagle3.pipeline.runstate import RunState
 
     cfg = config_from(config, run_id, store, backend)

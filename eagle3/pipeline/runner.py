@@ -19,7 +19,7 @@ from typing import Any, Callable
 from eagle3.config import PipelineConfig
 from eagle3.context import open_run_store
 from eagle3.errors import ConfigError, Eagle3Error
-from eagle3.pipeline.backend import Backend
+from eagle3.backend import Backend
 from eagle3.pipeline.live import LiveView, make_view
 from eagle3.inputs import FILE_FIELDS, local_file, record_digests
 from eagle3.pipeline.lease import Lease, hostname
@@ -30,19 +30,6 @@ from eagle3.store import ObjectStore
 from eagle3.signals import sigterm_as_interrupt
 
 RUN_CONFIG = "_run/config.json"  # the config of the latest attempt that committed a stage or ended complete (ConfigRecord)
-
-
-def open_backend(cfg: PipelineConfig, state: RunState) -> Backend:
-    """The backend named by the config (``--backend`` overrides it)."""
-    if cfg.backend == "local":
-        from eagle3.pipeline.local import LocalBackend
-
-        return LocalBackend(cfg, state)
-    try:
-        from eagle3.k8s.backend import KubernetesBackend
-    except ImportError as e:
-        raise ConfigError(f"backend 'kubernetes' is not available: cannot import eagle3.k8s.backend ({e})") from None
-    return KubernetesBackend(cfg, state)  # type: ignore[call-arg]
 
 
 def check_engine(cfg: PipelineConfig) -> None:
@@ -120,9 +107,11 @@ class PipelineRun:
 
 
 def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str], None],
-                 tty: bool | None = None, poll_interval: float = 0.5, reuse_from: str | None = None) -> PipelineRun:
+                 open_backend: Callable[[PipelineConfig, RunState], Backend], tty: bool | None = None,
+                 poll_interval: float = 0.5, reuse_from: str | None = None) -> PipelineRun:
     """Take the run's lease, stop a killed predecessor's leftovers, adopt what run ``reuse_from``
-    already made (``eagle3.pipeline.reuse``), check the whole DAG, then schedule."""
+    already made (``eagle3.pipeline.reuse``), check the whole DAG, then schedule on the backend
+    ``open_backend`` gives (the CLI's choice, ``eagle3.cli.backends``)."""
     from eagle3.serve.process import proc_cmdline
 
     selected = selection.stages()

@@ -29,7 +29,7 @@ from eagle3.config import PipelineConfig
 from eagle3.context import stage_input_key, upstream_digests
 from eagle3.errors import ConfigError, Eagle3Error
 from eagle3.manifest import verify_stage
-from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
+from eagle3.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.pipeline.runstate import RunState
 from eagle3.stages import ORDER, STAGES
 from eagle3.store import ObjectStore

@@ -113,7 +113,7 @@ def run_summary(cfg: PipelineConfig, config_given: bool = True) -> dict[str, Any
 def status_table(summary: dict[str, Any], width: int) -> Table:
     """The summary as a table of ``width`` columns: stage, state and elapsed always; then the note
     (why a stage is incomplete, a running stage's progress), the stats, the finish time, as room allows."""
-    from eagle3.pipeline.backend import Progress
+    from eagle3.backend import Progress
     from eagle3.pipeline.live import fmt_duration, fmt_progress
     from eagle3.pipeline.table import Column, fit
 
