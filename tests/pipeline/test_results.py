@@ -16,6 +16,7 @@ from eagle3.manifest import StageOutput
 from eagle3.pipeline.report import MAL_DEFINITION, acceptance_line, to_markdown
 from eagle3.pipeline.runner import result_lines
 from eagle3.store import open_store
+from tests.committed import put_required
 
 runner = CliRunner()
 
@@ -48,6 +49,7 @@ def _commit(store, run_id: str, stage: str, objects: dict[str, bytes]) -> None:
     out.begin()
     for name, data in objects.items():
         out.put_bytes(name, data)
+    put_required(out, stage)  # the rest of what the stage always writes
     out.commit({})
 
 
