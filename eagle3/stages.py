@@ -91,6 +91,23 @@ def required_objects(stage: str) -> tuple[Required, ...]:
 
 ORDER: tuple[str, ...] = tuple(STAGES)
 
+
+def ancestors(stage: str) -> set[str]:
+    """The stages ``stage`` reads, directly or through others."""
+    out: set[str] = set()
+    for up in STAGES[stage].needs:
+        out |= {up} | ancestors(up)
+    return out
+
+
+def descendants(stage: str) -> set[str]:
+    """The stages that read ``stage``, directly or through others."""
+    out: set[str] = set()
+    for name, spec in STAGES.items():
+        if stage in spec.needs:
+            out |= {name} | descendants(name)
+    return out
+
 # Fields that change how a stage runs but not what it produces: excluded from input keys.
 VOLATILE_FIELDS = {
     "target": {"cache_dir", "served_name"},

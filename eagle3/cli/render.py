@@ -27,9 +27,9 @@ def render(
     if values is not None:
         import yaml
 
-        from eagle3.context import open_run_store
-        from eagle3.k8s.render import install_values, release_name
         from eagle3.k8s.inputs import upload_inputs
+        from eagle3.k8s.render import install_values, release_name
+        from eagle3.runs import open_run_store
 
         inputs = local_inputs(cfg)  # the controller reads them from the store: they must exist here
         if inputs:

@@ -138,7 +138,7 @@ class KubernetesBackend(Backend):
     @property
     def store(self) -> Any:
         if self._store is None:
-            from eagle3.context import open_run_store
+            from eagle3.runs import open_run_store
 
             self._store = open_run_store(self.cfg)
         return self._store

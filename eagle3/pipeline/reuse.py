@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from eagle3 import __version__
 from eagle3.config import RUN_ID_RULE, PipelineConfig, is_run_id
-from eagle3.context import stage_input_key
+from eagle3.contract import StageVerdict, judge_run
 from eagle3.errors import ConfigError, ManifestError, StoreError
 from eagle3.manifest import (
     ATTEMPT,
@@ -142,6 +142,21 @@ def reuse_stages(cfg: PipelineConfig, store: ObjectStore, source: str, selected:
                  in_flight: Callable[[str, str], bool] | None = None) -> list[Adoption]:
     """Adopt from run ``source`` every stage of ``selected`` (not forced, not complete here) whose
     output would be the same (module docstring); one line per stage adopted or refused."""
+    theirs = _source_manifests(cfg, store, source)
+    adopted: list[Adoption] = []
+
+    def settle(sv: StageVerdict) -> LoadedManifest | None:
+        found = theirs[sv.stage]
+        if sv.stage not in selected or sv.stage in force or found is None:
+            return None
+        return _adopt_one(cfg, store, sv, source, found, theirs, in_flight, echo, adopted)
+
+    judge_run(cfg, store, force=force, settle=settle)
+    return adopted
+
+
+def _source_manifests(cfg: PipelineConfig, store: ObjectStore, source: str) -> dict[str, LoadedManifest | None]:
+    """Run ``source``'s committed manifests, by stage; a ConfigError when it is no other run with one."""
     if not is_run_id(source):
         raise ConfigError(f"--reuse-from {source!r}: a run id {RUN_ID_RULE}")
     if source == cfg.run_id:
@@ -154,42 +169,37 @@ def reuse_stages(cfg: PipelineConfig, store: ObjectStore, source: str, selected:
             theirs[name] = None  # unparsable: nothing to reuse there
     if not any(theirs.values()):
         raise ConfigError(f"--reuse-from {source}: run {source} has no committed stage in {store.uri}")
-    complete: dict[str, LoadedManifest] = {}
-    adopted: list[Adoption] = []
-    for name in ORDER:
-        spec = STAGES[name]
-        if not all(u in complete for u in spec.needs):
-            continue
-        upstream = {u: complete[u] for u in spec.needs}
-        key = stage_input_key(cfg, spec, upstream, store)
-        mine = verify_stage(store, cfg.run_id, name, input_key=key)
-        if mine.complete and mine.manifest is not None and name not in force:
-            complete[name] = mine.manifest
-            continue
-        found = theirs[name]
-        if name not in selected or name in force or found is None:
-            continue
-        why = mismatch(cfg, store, spec, upstream, source, found, theirs)
-        if why is None and in_flight is not None and in_flight(name, key):
-            why = "an attempt of its own for this input key may still be running; it resumes"
-        verdict = verify_stage(store, source, name) if why is None else None
-        if verdict is not None and not verdict.complete:
-            why = f"run {source}'s {name} does not verify: {verdict.reason}"
-        if why is not None:
-            echo(f"{name}: not reused from run {source}: {why}")
-            continue
-        t0 = time.monotonic()
-        try:
-            complete[name] = adopt(cfg, store, spec, upstream, key, source, verdict)
-        except (StoreError, ManifestError) as e:
-            echo(f"{name}: not reused from run {source}: copying failed: {e}")
-            continue
-        objects = complete[name].manifest.objects
-        a = Adoption(name, len(objects), sum(o.size for o in objects), time.monotonic() - t0)
-        adopted.append(a)
-        echo(f"{name}: adopted from run {source} into run {cfg.run_id} ({a.objects} objects, "
-             f"{a.bytes / 2**20:,.1f} MiB, {a.seconds:.1f}s)")
-    return adopted
+    return theirs
+
+
+def _adopt_one(cfg: PipelineConfig, store: ObjectStore, sv: StageVerdict, source: str, found: LoadedManifest,
+               theirs: dict[str, LoadedManifest | None], in_flight: Callable[[str, str], bool] | None,
+               echo: Callable[[str], None], adopted: list[Adoption]) -> LoadedManifest | None:
+    """Adopt run ``source``'s output of the stage ``sv`` judged, if it is this run's and verifies; else say why not."""
+    name, spec, key = sv.stage, STAGES[sv.stage], sv.input_key
+    assert key is not None
+    why = mismatch(cfg, store, spec, sv.upstream, source, found, theirs)
+    if why is None and in_flight is not None and in_flight(name, key):
+        why = "an attempt of its own for this input key may still be running; it resumes"
+    verdict = verify_stage(store, source, name) if why is None else None
+    if verdict is not None and not verdict.complete:
+        why = f"run {source}'s {name} does not verify: {verdict.reason}"
+    if why is not None:
+        echo(f"{name}: not reused from run {source}: {why}")
+        return None
+    assert verdict is not None
+    t0 = time.monotonic()
+    try:
+        committed = adopt(cfg, store, spec, sv.upstream, key, source, verdict)
+    except (StoreError, ManifestError) as e:
+        echo(f"{name}: not reused from run {source}: copying failed: {e}")
+        return None
+    objects = committed.manifest.objects
+    a = Adoption(name, len(objects), sum(o.size for o in objects), time.monotonic() - t0)
+    adopted.append(a)
+    echo(f"{name}: adopted from run {source} into run {cfg.run_id} ({a.objects} objects, "
+         f"{a.bytes / 2**20:,.1f} MiB, {a.seconds:.1f}s)")
+    return committed
 
 
 def unfinished_attempt(store: ObjectStore, run_id: str) -> Callable[[str, str], bool]:

@@ -16,21 +16,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from eagle3.config import PipelineConfig
-from eagle3.context import open_run_store
-from eagle3.errors import ConfigError, Eagle3Error
 from eagle3.backend import Backend
-from eagle3.pipeline.live import LiveView, make_view
+from eagle3.config import PipelineConfig
+from eagle3.errors import ConfigError, Eagle3Error
 from eagle3.inputs import FILE_FIELDS, local_file, record_digests
 from eagle3.pipeline.lease import Lease, hostname
+from eagle3.pipeline.live import LiveView, make_view
 from eagle3.pipeline.preflight import check_run, stages_to_run
 from eagle3.pipeline.runstate import RunState, run_dir
 from eagle3.pipeline.scheduler import RunResult, Scheduler, Selection
-from eagle3.store import ObjectStore
+from eagle3.runs import RUN_CONFIG, open_run_store
 from eagle3.signals import sigterm_as_interrupt
-
-RUN_CONFIG = "_run/config.json"  # the config of the latest attempt that committed a stage or ended complete (ConfigRecord)
-
+from eagle3.store import ObjectStore
 
 def check_engine(cfg: PipelineConfig) -> None:
     """A serve engine that cannot start here, or images nobody built, are config errors before anything starts."""

@@ -75,7 +75,7 @@ def run_cli_in_process(config: Path, endpoint: str | None) -> CliResult:
 
 def stage_key(cfg) -> str:
     """generate's input key, as the stage computes it (its attempt folder is named after it)."""
-    from eagle3.context import stage_input_key
+    from eagle3.contract import stage_input_key
     from eagle3.stages import STAGES
 
     return stage_input_key(cfg, STAGES["generate"], {}, open_store(cfg.store.uri))

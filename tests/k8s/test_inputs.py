@@ -83,7 +83,7 @@ def test_upload_to_s3_and_read_back_as_the_pods_do(s3_store_uri, prompts):
 
 
 def test_the_upload_does_not_change_the_generate_input_key(tmp_path, prompts):
-    from eagle3.context import stage_input_key
+    from eagle3.contract import stage_input_key
     from eagle3.stages import STAGES
 
     cfg = cfg_for(f"file://{tmp_path}/store", prompts)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import load_config
-from eagle3.context import stage_input_key, upstream_digests
+from eagle3.contract import stage_input_key, upstream_digests
 from eagle3.errors import ConfigError
 from eagle3.manifest import SMALL_OBJECT, StageOutput, read_manifest, verify_stage
 from eagle3.pipeline.reuse import reuse_stages
