@@ -60,7 +60,8 @@ def _rerun_reason(cfg: PipelineConfig, sv: StageVerdict, store: ObjectStore) -> 
         return "its input key changed (the code version or a setting it hashes)"
     damaged = sv.check.damage
     reason = damaged[0] if damaged else sv.check.reason
-    return reason.replace(f"{store.uri}/{sv.manifest.manifest.prefix}/", "")  # object names relative to its attempt folder
+    # object names relative to its attempt folder
+    return reason.replace(f"{store.uri}/{sv.manifest.manifest.prefix}/", "")
 
 
 def local_model_problem(model: str) -> str | None:
