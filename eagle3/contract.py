@@ -146,9 +146,14 @@ class KeyChange:
     upstream: list[str]  # upstream stages whose manifest is not the one it was computed from
     settings: list[str]  # else the settings that differ, when the manifest recorded its config
 
-    def settings_line(self) -> str:
-        """The first three changed settings, ``; ``-joined."""
-        return "; ".join(self.settings[:3]) + (" …" if len(self.settings) > 3 else "")
+    def describe(self, upstream: str, settings: str, otherwise: str) -> str:
+        """One line: ``upstream`` with the changed stages for ``{}``, else ``settings`` with the
+        first three changed settings, else ``otherwise`` (the code, or a setting not recorded)."""
+        if self.upstream:
+            return upstream.format(", ".join(self.upstream))
+        if self.settings:
+            return settings.format("; ".join(self.settings[:3]) + (" …" if len(self.settings) > 3 else ""))
+        return otherwise
 
 
 def key_change(cfg: PipelineConfig, store: ObjectStore, v: StageVerdict) -> KeyChange:

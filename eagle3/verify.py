@@ -22,22 +22,16 @@ from eagle3.stages import ORDER, get_stage
 from eagle3.store import ObjectStore
 
 
-def _stale_reason(cfg: PipelineConfig, store: ObjectStore, sv: StageVerdict) -> str:
-    change = key_change(cfg, store, sv)
-    if change.upstream:
-        return f"stale: {', '.join(change.upstream)} was rerun after it (its input key no longer matches)"
-    if change.settings:
-        return f"stale: the config changed since it ran ({change.settings_line()})"
-    return "stale: its input key no longer matches the config, upstream or code"
-
-
 def _problems(cfg: PipelineConfig, store: ObjectStore, sv: StageVerdict) -> list[str]:
     """What keeps the stage from being complete, as verify says it; none when it is."""
     if sv.state == NOT_STARTED:
         return [f"not run: the run has started, and {sv.stage} has no output in {store.uri}/{cfg.run_id}/{sv.stage}"]
     problems = sv.check.damage  # what is wrong with the output itself, first
     if not problems and sv.check.stale:
-        problems.append(_stale_reason(cfg, store, sv))
+        problems.append(key_change(cfg, store, sv).describe(
+            "stale: {} was rerun after it (its input key no longer matches)",
+            "stale: the config changed since it ran ({})",
+            "stale: its input key no longer matches the config, upstream or code"))
     elif not problems and sv.waits_for:
         problems.append(f"needs {', '.join(sv.waits_for)}, which is not complete")
     return problems

@@ -37,6 +37,7 @@ def test_a_changed_setting_makes_its_stage_stale_and_the_stages_after_it_wait(tm
     assert vocab.reason == vocab.check.stale and vocab.input_key != vocab.manifest.manifest.input_key
     change = key_change(changed, store, vocab)
     assert change.upstream == [] and change.settings == ["vocab.draft_vocab_size: 32000 -> 7"]
+    assert change.describe("{} changed", "settings: {}", "code") == "settings: vocab.draft_vocab_size: 32000 -> 7"
     assert verdicts["generate"].complete and verdicts["extract"].complete
     assert verdicts["train"].waits_for == ("vocab",) and verdicts["train"].reason == "waits for vocab"
     assert verdicts["train"].state == INCOMPLETE and verdicts["train"].input_key is None

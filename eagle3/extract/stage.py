@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -184,14 +184,20 @@ def _extract_hf(ctx: StageContext, data: Any, todo: list[ShardPlan], target: Tar
         out.put_file(TARGET_HEAD, path)
         path.unlink()
     stack = find_decoder_stack(model, target.num_layers)
-    total = sum(p.num_tokens for p in todo)
-    done = 0
-    t0 = time.perf_counter()
     staging = HostStaging()
-    with HiddenCapture(stack, target.aux_ids) as capture, ShardWriter(writer) as shards:
+    with HiddenCapture(stack, target.aux_ids) as capture:
+        return _write_shards(ctx, writer, todo, stats, lambda p: extract_shard(
+            capture, data, p, target.hidden_size, settings.batch_tokens, settings.storage_dtype, stats, staging))
+
+
+def _write_shards(ctx: StageContext, writer: ObjectWriter, todo: list[ShardPlan], stats: ShardStats,
+                  extract: Callable[[ShardPlan], Any]) -> float:
+    """Each shard left, extracted and streamed to the store while the next is extracted, with
+    progress; the seconds it took."""
+    total, done, t0 = sum(p.num_tokens for p in todo), 0, time.perf_counter()
+    with ShardWriter(writer) as shards:
         for p in todo:
-            shard = extract_shard(capture, data, p, target.hidden_size, settings.batch_tokens, settings.storage_dtype,
-                                  stats, staging)
+            shard = extract(p)
             shards.submit(p.index, shard)
             del shard
             done += p.num_tokens
@@ -264,16 +270,8 @@ def _extract_vllm(ctx: StageContext, data: Any, todo: list, aux_ids: list[int], 
         return 0.0
     longest = int(data.lengths().max())
     extractor = vllm_engine.open_llm(ctx.cfg, source, config, aux_ids, longest + 1, vllm_version)
-    total, done, t0 = sum(p.num_tokens for p in todo), 0, time.perf_counter()
-    with ShardWriter(writer) as shards:
-        for p in todo:
-            shard = vllm_engine.extract_shard_vllm(extractor, data, p, hidden, settings.storage_dtype, stats)
-            shards.submit(p.index, shard)
-            del shard
-            done += p.num_tokens
-            ctx.progress(done, total, "tokens", shard=p.index,
-                         tokens_per_s=round(stats.real_tokens / max(time.perf_counter() - t0, 1e-9), 1))
-    return time.perf_counter() - t0
+    return _write_shards(ctx, writer, todo, stats, lambda p: vllm_engine.extract_shard_vllm(
+        extractor, data, p, hidden, settings.storage_dtype, stats))
 
 
 def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:

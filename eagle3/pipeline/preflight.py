@@ -52,12 +52,8 @@ def _rerun_reason(cfg: PipelineConfig, sv: StageVerdict, store: ObjectStore) -> 
     """Why a stage with a manifest is not complete: what changed since it ran, or what of its output is damaged."""
     assert sv.manifest is not None
     if sv.check.stale:
-        change = key_change(cfg, store, sv)
-        if change.upstream:
-            return f"{', '.join(change.upstream)} changed since it ran"
-        if change.settings:
-            return f"the config changed ({change.settings_line()})"
-        return "its input key changed (the code version or a setting it hashes)"
+        return key_change(cfg, store, sv).describe("{} changed since it ran", "the config changed ({})",
+                                                   "its input key changed (the code version or a setting it hashes)")
     damaged = sv.check.damage
     reason = damaged[0] if damaged else sv.check.reason
     # object names relative to its attempt folder
