@@ -32,7 +32,7 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from eagle3 import __version__
 from eagle3.config import RUN_ID_RULE, PipelineConfig, is_run_id
@@ -142,17 +142,10 @@ def reuse_stages(cfg: PipelineConfig, store: ObjectStore, source: str, selected:
                  in_flight: Callable[[str, str], bool] | None = None) -> list[Adoption]:
     """Adopt from run ``source`` every stage of ``selected`` (not forced, not complete here) whose
     output would be the same (module docstring); one line per stage adopted or refused."""
-    theirs = _source_manifests(cfg, store, source)
-    adopted: list[Adoption] = []
-
-    def settle(sv: StageVerdict) -> LoadedManifest | None:
-        found = theirs[sv.stage]
-        if sv.stage not in selected or sv.stage in force or found is None:
-            return None
-        return _adopt_one(cfg, store, sv, source, found, theirs, in_flight, echo, adopted)
-
-    judge_run(cfg, store, force=force, settle=settle)
-    return adopted
+    reuse = Reuse(cfg, store, source, _source_manifests(cfg, store, source), in_flight, echo)
+    judge_run(cfg, store, force=force,
+              settle=lambda sv: reuse.settle(sv) if sv.stage in selected and sv.stage not in force else None)
+    return reuse.adopted
 
 
 def _source_manifests(cfg: PipelineConfig, store: ObjectStore, source: str) -> dict[str, LoadedManifest | None]:
@@ -172,34 +165,51 @@ def _source_manifests(cfg: PipelineConfig, store: ObjectStore, source: str) -> d
     return theirs
 
 
-def _adopt_one(cfg: PipelineConfig, store: ObjectStore, sv: StageVerdict, source: str, found: LoadedManifest,
-               theirs: dict[str, LoadedManifest | None], in_flight: Callable[[str, str], bool] | None,
-               echo: Callable[[str], None], adopted: list[Adoption]) -> LoadedManifest | None:
-    """Adopt run ``source``'s output of the stage ``sv`` judged, if it is this run's and verifies; else say why not."""
-    name, spec, key = sv.stage, STAGES[sv.stage], sv.input_key
-    assert key is not None
-    why = mismatch(cfg, store, spec, sv.upstream, source, found, theirs)
-    if why is None and in_flight is not None and in_flight(name, key):
-        why = "an attempt of its own for this input key may still be running; it resumes"
-    verdict = verify_stage(store, source, name) if why is None else None
-    if verdict is not None and not verdict.complete:
-        why = f"run {source}'s {name} does not verify: {verdict.reason}"
-    if why is not None:
-        echo(f"{name}: not reused from run {source}: {why}")
-        return None
-    assert verdict is not None
-    t0 = time.monotonic()
-    try:
-        committed = adopt(cfg, store, spec, sv.upstream, key, source, verdict)
-    except (StoreError, ManifestError) as e:
-        echo(f"{name}: not reused from run {source}: copying failed: {e}")
-        return None
-    objects = committed.manifest.objects
-    a = Adoption(name, len(objects), sum(o.size for o in objects), time.monotonic() - t0)
-    adopted.append(a)
-    echo(f"{name}: adopted from run {source} into run {cfg.run_id} ({a.objects} objects, "
-         f"{a.bytes / 2**20:,.1f} MiB, {a.seconds:.1f}s)")
-    return committed
+@dataclass
+class Reuse:
+    """Adopting run ``source``'s stages into this run, one stage at a time as the walk reaches it."""
+
+    cfg: PipelineConfig
+    store: ObjectStore
+    source: str
+    theirs: dict[str, LoadedManifest | None]  # the source run's committed manifests
+    in_flight: Callable[[str, str], bool] | None
+    echo: Callable[[str], None]
+    adopted: list[Adoption] = field(default_factory=list)
+
+    def settle(self, sv: StageVerdict) -> LoadedManifest | None:
+        """The source run's output of the stage ``sv`` judged, adopted when it is this run's and
+        verifies (``judge_run``'s ``settle``); else None, and one line saying why not."""
+        found = self.theirs[sv.stage]
+        if found is None:
+            return None
+        name, spec, key = sv.stage, STAGES[sv.stage], sv.input_key
+        assert key is not None
+        why = mismatch(self.cfg, self.store, spec, sv.upstream, self.source, found, self.theirs)
+        if why is None and self.in_flight is not None and self.in_flight(name, key):
+            why = "an attempt of its own for this input key may still be running; it resumes"
+        verdict = verify_stage(self.store, self.source, name) if why is None else None
+        if verdict is not None and not verdict.complete:
+            why = f"run {self.source}'s {name} does not verify: {verdict.reason}"
+        if why is not None:
+            self.echo(f"{name}: not reused from run {self.source}: {why}")
+            return None
+        assert verdict is not None
+        return self._adopt(sv, key, verdict)
+
+    def _adopt(self, sv: StageVerdict, key: str, verdict: Verdict) -> LoadedManifest | None:
+        t0 = time.monotonic()
+        try:
+            committed = adopt(self.cfg, self.store, STAGES[sv.stage], sv.upstream, key, self.source, verdict)
+        except (StoreError, ManifestError) as e:
+            self.echo(f"{sv.stage}: not reused from run {self.source}: copying failed: {e}")
+            return None
+        objects = committed.manifest.objects
+        a = Adoption(sv.stage, len(objects), sum(o.size for o in objects), time.monotonic() - t0)
+        self.adopted.append(a)
+        self.echo(f"{a.stage}: adopted from run {self.source} into run {self.cfg.run_id} ({a.objects} objects, "
+                  f"{a.bytes / 2**20:,.1f} MiB, {a.seconds:.1f}s)")
+        return committed
 
 
 def unfinished_attempt(store: ObjectStore, run_id: str) -> Callable[[str, str], bool]:
