@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from eagle3.data.tokenized import from_lists
+from eagle3.generate.tokenized import from_lists
 from eagle3.extract.batching import plan_batches, plan_shards, right_pad
 from eagle3.targets.capture import HiddenCapture, find_decoder_stack
 from eagle3.extract.run import HostStaging, ShardStats, extract_shard

@@ -119,7 +119,7 @@ def _wait_listening(port: int, timeout_s: float = 30) -> None:
 
 
 async def _measure(base_url: str, n: int, concurrency: int, server_pid: int) -> dict:
-    from eagle3.data.client import ChatClient, ChatParams
+    from eagle3.generate.client import ChatClient, ChatParams
 
     params = ChatParams(model="bench", max_tokens=16)
     jobs = [(i, [{"role": "user", "content": f"prompt number {i}: say something short"}]) for i in range(n)]

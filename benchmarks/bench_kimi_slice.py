@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
 
-    from eagle3.data.tokenized import from_lists
+    from eagle3.generate.tokenized import from_lists
     from eagle3.extract.batching import plan_shards
     from eagle3.targets.capture import HiddenCapture, find_decoder_stack
     from eagle3.extract.run import ShardStats, extract_shard

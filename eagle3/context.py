@@ -16,16 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import PipelineConfig
-from eagle3.errors import UpstreamMissing
-from eagle3.manifest import (LoadedManifest, ObjectWriter, StageOutput, attempt_prefix, attempt_root,
-                             compute_input_key, read_manifest, verify_stage)
+from eagle3.contract import stage_input_key, upstream_digests
 from eagle3.errors import ManifestError
+from eagle3.manifest import (LoadedManifest, ObjectWriter, StageOutput, attempt_prefix, attempt_root, read_manifest,
+                             verify_stage)
+from eagle3.progress import emit_progress
+from eagle3.runs import open_run_store
 from eagle3.signals import sigterm_as_interrupt
 from eagle3.stages import StageSpec, get_stage, stage_config
-from eagle3.store import ObjectStore, open_store
-
-PROGRESS_TAG = "EAGLE3_PROGRESS"
-
+from eagle3.store import ObjectStore
 
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
@@ -86,56 +85,6 @@ class StageContext:
             return
         self._last_progress = t
         emit_progress({"stage": self.spec.name, "done": done, "total": total, "unit": unit, **extra})
-
-
-def emit_progress(record: dict[str, Any]) -> None:
-    """One ``EAGLE3_PROGRESS {...}`` line on stderr, in one write: the ranks of a torchrun stage share
-    the pipe, and print()'s separate write of the newline let two ranks' lines run into one."""
-    sys.stderr.write(f"{PROGRESS_TAG} {json.dumps(record)}\n")
-    sys.stderr.flush()
-
-
-def upstream_digests(cfg: PipelineConfig, spec: StageSpec, store: ObjectStore) -> dict[str, LoadedManifest]:
-    """Shallow-verify each upstream stage; raise one line naming the first that is not complete."""
-    out = {}
-    for up in spec.needs:
-        v = verify_stage(store, cfg.run_id, up)
-        if not v.complete:
-            raise UpstreamMissing(f"stage {spec.name} needs {up}, which is not complete: {v.reason}")
-        assert v.manifest is not None
-        out[up] = v.manifest
-    return out
-
-
-def stage_input_key(cfg: PipelineConfig, spec: StageSpec, upstream: dict[str, LoadedManifest],
-                    store: ObjectStore | None = None) -> str:
-    return compute_input_key(spec.name, stage_config(cfg, spec, store), {k: v.digest for k, v in upstream.items()})
-
-
-def local_store_root(uri: str) -> Path | None:
-    """The folder of a ``file://`` store URI (or a plain path); None for s3://."""
-    if uri.startswith("s3://"):
-        return None
-    raw = uri[len("file://"):] if uri.startswith("file://") else uri
-    return Path(raw) if raw else None
-
-
-def open_run_store(cfg: PipelineConfig, create: bool = True) -> ObjectStore:
-    """The run's store; ``create=False`` (commands that only read) makes no folder for a
-    ``file://`` store that is not there, and says there is no such run."""
-    if not create:
-        root = local_store_root(cfg.store.uri)
-        if root is not None and not root.is_dir():
-            from eagle3.errors import RunNotFound
-
-            raise RunNotFound(f"run {cfg.run_id} has nothing in file://{root.resolve()}: no such store folder "
-                              f"(check -c / --run-id and --store)")
-    store = open_store(cfg.store.uri, cfg.store.endpoint_url, cfg.store.region, cfg.store.max_attempts,
-                       cfg.store.retry_mode)
-    check = getattr(store, "check", None)
-    if check is not None:
-        check()
-    return store
 
 
 def run_stage(cfg: PipelineConfig, name: str, force: bool = False, endpoint: str | None = None) -> dict[str, Any] | None:

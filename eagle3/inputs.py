@@ -2,7 +2,7 @@
 
 A stage's input key hashes the sha256 of the prompt file, not its path: editing the file
 reruns generate, moving it does not, and its copy uploaded for Kubernetes pods
-(``<run_id>/inputs/<sha256>/<name>`` in the store, ``eagle3.pipeline.inputs``) keys the same,
+(``<run_id>/inputs/<sha256>/<name>`` in the store, ``eagle3.k8s.inputs``) keys the same,
 its digest read from its key. The digests the CLI saw are recorded in the run's store prefix
 (``<run_id>/_run/inputs.json``) so a stage that is complete still verifies after the local
 file is gone.

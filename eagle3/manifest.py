@@ -168,10 +168,16 @@ class Verdict:
     manifest: LoadedManifest | None = None
     rehashed: int = 0  # objects read back because no cheaper digest check applied
     fingerprints: dict[str, str] = field(default_factory=dict)  # object -> the version whose content checked out
+    stale: str | None = None  # the problem line when the manifest is of another input key
 
     @property
     def reason(self) -> str:
         return self.problems[0] if self.problems else "complete"
+
+    @property
+    def damage(self) -> list[str]:
+        """Every problem but a changed input key: what is wrong with the output itself."""
+        return [p for p in self.problems if p != self.stale]
 
 
 def _read_verified(store: ObjectStore, run_id: str, stage: str, root: str) -> dict[str, str]:
@@ -210,8 +216,10 @@ def verify_stage(
     problems: list[str] = []
     if m.stage != stage or m.run_id != run_id:
         problems.append(f"manifest at {prefix} names {m.run_id}/{m.stage}")
+    stale = None
     if input_key is not None and m.input_key != input_key:
-        problems.append(f"{prefix}: input key changed (config, upstream or code differ from the committed run)")
+        stale = f"{prefix}: input key changed (config, upstream or code differ from the committed run)"
+        problems.append(stale)
     stats: dict[str, ObjectStat] = store.stat_prefix(m.prefix) if m.objects else {}
     verified = _read_verified(store, run_id, stage, m.root)
     newly_verified: dict[str, str] = {}
@@ -229,11 +237,12 @@ def verify_stage(
         if c.newly_verified:
             newly_verified[o.key] = c.fingerprint
     problems += missing_required(store, m, required_objects(stage) if required is None else required)
-    if newly_verified and not problems:
+    intact = all(p == stale for p in problems)  # the objects hold what the manifest says, whatever its key
+    if newly_verified and intact:
         remember_verified(store, run_id, stage, m.root, newly_verified, verified)
-    if deep and not problems and content_check is not None:
+    if deep and intact and content_check is not None:
         problems.extend(content_check(store, m))
-    return Verdict(stage, not problems, problems, loaded, rehashed, checked if not problems else {})
+    return Verdict(stage, not problems, problems, loaded, rehashed, checked if not problems else {}, stale)
 
 
 @dataclass(frozen=True)

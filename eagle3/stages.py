@@ -58,7 +58,7 @@ def _names(*names: str) -> tuple[Required, ...]:
 STAGES: dict[str, StageSpec] = {
     s.name: s
     for s in [
-        StageSpec("generate", (), ("target", "generate"), "cpu", "eagle3.data.stage:run", "eagle3.data.stage:deep_check",
+        StageSpec("generate", (), ("target", "generate"), "cpu", "eagle3.generate.stage:run", "eagle3.generate.stage:deep_check",
                   "target responses to prompts, tokenized with loss masks", needs_endpoint=True,
                   required=_names("raw_responses.jsonl", "tokenized.safetensors", "token_freq.safetensors",
                                   "metadata.json")),
@@ -90,6 +90,23 @@ def required_objects(stage: str) -> tuple[Required, ...]:
 
 
 ORDER: tuple[str, ...] = tuple(STAGES)
+
+
+def ancestors(stage: str) -> set[str]:
+    """The stages ``stage`` reads, directly or through others."""
+    out: set[str] = set()
+    for up in STAGES[stage].needs:
+        out |= {up} | ancestors(up)
+    return out
+
+
+def descendants(stage: str) -> set[str]:
+    """The stages that read ``stage``, directly or through others."""
+    out: set[str] = set()
+    for name, spec in STAGES.items():
+        if stage in spec.needs:
+            out |= {name} | descendants(name)
+    return out
 
 # Fields that change how a stage runs but not what it produces: excluded from input keys.
 VOLATILE_FIELDS = {

@@ -11,75 +11,36 @@ killed writer's partial file or upload) are named after the stages.
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from eagle3.config import PipelineConfig
-from eagle3.context import open_run_store, stage_input_key
+from eagle3.contract import NOT_STARTED, StageVerdict, judge_run, key_change
 from eagle3.errors import Eagle3Error
-from eagle3.manifest import LoadedManifest, verify_stage
-from eagle3.stages import ORDER, get_stage, stage_config
+from eagle3.runs import judged_config, open_run_store, require_run
+from eagle3.stages import ORDER, get_stage
 from eagle3.store import ObjectStore
 
 
-def recorded_config(store: ObjectStore, run_id: str) -> PipelineConfig | None:
-    """The resolved config of the run's latest attempt that committed a stage (``_run/config.json``)."""
-    from eagle3.pipeline.runner import RUN_CONFIG
-
-    key = f"{run_id}/{RUN_CONFIG}"
-    try:
-        return PipelineConfig.model_validate(json.loads(store.get_bytes(key))) if store.exists(key) else None
-    except ValueError:
-        return None
-
-
-def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """``section.field: old -> new`` for every leaf that differs."""
-    out = []
-    for k in sorted(set(old) | set(new)):
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += config_changes(a, b, f"{prefix}{k}.")
-        elif a != b:
-            out.append(f"{prefix}{k}: {json.dumps(a)} -> {json.dumps(b)}")
-    return out
-
-
-def _stale_reason(cfg: PipelineConfig, name: str, m: Any, upstream: dict[str, LoadedManifest], store: ObjectStore) -> str:
-    spec = get_stage(name)
-    ups = [u for u in spec.needs if m.upstream.get(u) != upstream[u].digest]
-    if ups:
-        return f"stale: {', '.join(ups)} was rerun after it (its input key no longer matches)"
-    if m.config is not None:
-        changes = config_changes(m.config, stage_config(cfg, spec, store))
-        if changes:
-            return "stale: the config changed since it ran (" + "; ".join(changes[:3]) + (" …" if len(changes) > 3 else "") + ")"
-    return "stale: its input key no longer matches the config, upstream or code"
-
-
-def guarded(stage: str, check: Any) -> Any:
-    """A stage's content check whose unforeseen failure (a reader refusing a damaged file) is one
-    problem of that stage, so verify goes on with the next."""
-    if check is None:
-        return None
-
-    def run(store: ObjectStore, manifest: Any) -> list[str]:
-        try:
-            return check(store, manifest)
-        except Exception as e:  # noqa: BLE001 - any reader's error is a finding about the stage's objects
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            return [f"content check of {stage} could not read its objects: {type(e).__name__}: {first}"]
-
-    return run
+def _problems(cfg: PipelineConfig, store: ObjectStore, sv: StageVerdict) -> list[str]:
+    """What keeps the stage from being complete, as verify says it; none when it is."""
+    if sv.state == NOT_STARTED:
+        return [f"not run: the run has started, and {sv.stage} has no output in {store.uri}/{cfg.run_id}/{sv.stage}"]
+    problems = sv.check.damage  # what is wrong with the output itself, first
+    if not problems and sv.check.stale:
+        problems.append(key_change(cfg, store, sv).describe(
+            "stale: {} was rerun after it (its input key no longer matches)",
+            "stale: the config changed since it ran ({})",
+            "stale: its input key no longer matches the config, upstream or code"))
+    elif not problems and sv.waits_for:
+        problems.append(f"needs {', '.join(sv.waits_for)}, which is not complete")
+    return problems
 
 
 def verify_run(cfg: PipelineConfig, stages: list[str] | None, deep: bool, echo: Callable[[str], None],
                config_given: bool = True) -> bool:
     """Print one line per stage (and one per problem); True when every named (else every) stage
     is complete for the config's input keys."""
-    from eagle3.pipeline.status import judged_config, require_run
-
     for name in stages or ():
         get_stage(name)  # an unknown name is a config error, before the store is asked
     store = open_run_store(cfg, create=False)
@@ -87,32 +48,14 @@ def verify_run(cfg: PipelineConfig, stages: list[str] | None, deep: bool, echo: 
     cfg, keys_checked = judged_config(cfg, store, config_given)  # the same judge as `status`
     if not keys_checked:
         echo("note: no config given and none recorded in the store: input keys are not checked")
+    shown = [n for n in ORDER if not stages or n in stages]
     ok = True
-    complete: dict[str, LoadedManifest] = {}
-    for name in ORDER:
-        spec = get_stage(name)
-        shown = not stages or name in stages
-        missing_ups = [u for u in spec.needs if u not in complete]
-        key = None if missing_ups or not keys_checked else stage_input_key(
-            cfg, spec, {u: complete[u] for u in spec.needs}, store)
-        # content checks read upstream objects too: not over an upstream already found damaged
-        check = guarded(name, spec.load_check()) if deep and shown and not missing_ups else None
-        v = verify_stage(store, cfg.run_id, name, input_key=None, deep=deep and shown, content_check=check)
-        problems = list(v.problems)
-        if v.manifest is None and not store.has_prefix(f"{cfg.run_id}/{name}"):
-            problems = [f"not run: the run has started, and {name} has no output in {store.uri}/{cfg.run_id}/{name}"]
-        if v.complete and v.manifest is not None:
-            m = v.manifest.manifest
-            if key is not None and m.input_key != key:
-                problems.append(_stale_reason(cfg, name, m, {u: complete[u] for u in spec.needs}, store))
-            elif missing_ups:
-                problems.append(f"needs {', '.join(missing_ups)}, which is not complete")
-        if not problems and v.manifest is not None:
-            complete[name] = v.manifest
-        if not shown:
+    for name, sv in judge_run(cfg, store, keys=keys_checked, deep=shown if deep else ()).items():
+        if name not in shown:
             continue
+        problems = _problems(cfg, store, sv)
         if not problems:
-            n = len(v.manifest.manifest.objects) if v.manifest else 0
+            n = len(sv.manifest.manifest.objects) if sv.manifest else 0
             echo(f"{name}: ok ({n} objects{', deep' if deep else ''})")
         else:
             ok = False

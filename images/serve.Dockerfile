@@ -32,7 +32,7 @@ RUN python3 /tmp/serve_constraints.py /tmp/requirements.txt > /tmp/constraints.t
 RUN set -eu; \
     if command -v uv >/dev/null; then uv pip install --system --no-cache -c /tmp/constraints.txt /tmp/dist/*.whl; \
     else python3 -m pip install --no-cache-dir --disable-pip-version-check -c /tmp/constraints.txt /tmp/dist/*.whl; fi; \
-    python3 -c "import vllm, eagle3.cli.app, eagle3.data.client, eagle3.k8s.serve, eagle3.extract.vllm_engine, eagle3.extract.vllm_plugin; print('vllm', vllm.__version__)"; \
+    python3 -c "import vllm, eagle3.cli.app, eagle3.generate.client, eagle3.k8s.serve, eagle3.extract.vllm_engine, eagle3.extract.vllm_plugin; print('vllm', vllm.__version__)"; \
     rm -rf /tmp/dist /tmp/constraints.txt /tmp/requirements.txt /tmp/serve_constraints.py /root/.cache; \
     (getent group 10001 >/dev/null || groupadd --gid 10001 eagle3); \
     useradd --uid 10001 --gid 10001 --create-home --home-dir /home/eagle3 --shell /usr/sbin/nologin eagle3; \

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -33,14 +32,6 @@ def attempt_key(store: ObjectStore, run_id: str, stage: str, name: str = "") -> 
     return f"{run_id}/{stage}/{roots.pop()}/{name}".rstrip("/")
 
 
-def _one_pixel_png() -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (1, 1)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def put_required(out: ObjectWriter, stage: str, text: str = "") -> None:
     """Placeholders for the objects ``stage`` always writes (``StageSpec.required``) that ``out``
     lacks, for test doubles that commit a stage without running it: a pattern gets one object,
@@ -52,12 +43,23 @@ def put_required(out: ObjectWriter, stage: str, text: str = "") -> None:
         if r.counted_by is not None and r.counted_by[0] not in out.entries:
             index, field = r.counted_by
             out.put_json(index, {field: [{"name": name}]})
-        if name.endswith(".json"):  # readers parse it (the run's end reads evaluate's report)
-            out.put_json(name, {"placeholder": f"{stage} {name} {text}"})
-        elif name.endswith(".png"):  # the report stamps the run's name on every plot
-            out.put_bytes(name, _one_pixel_png())
+        placeholder = f"{stage} {name} {text}".strip()
+        if name.endswith(".json"):  # what the CLI reads after a run: report.json, and the plots
+            out.put_json(name, {"placeholder": placeholder})
+        elif name.endswith(".png"):
+            out.put_bytes(name, _blank_png())
         else:
             out.put_bytes(name, f"{stage} {name} {text}\n".encode())
+
+
+def _blank_png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), "white").save(buf, format="PNG")
+    return buf.getvalue()
 
 
 def flip_in_place(path: Path, keep_mtime: bool = False, offset: int | None = None) -> None:

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import save_file
 
 from eagle3.config import PipelineConfig
-from eagle3.context import stage_input_key
-from eagle3.data.samples import token_frequencies
-from eagle3.data.tokenized import TokenizedSamples, write_tokenized
+from eagle3.contract import stage_input_key
+from eagle3.generate.samples import token_frequencies
+from eagle3.generate.tokenized import TokenizedSamples, write_tokenized
 from eagle3.manifest import LoadedManifest, StageOutput
 from eagle3.stages import get_stage
 from eagle3.store import ObjectStore

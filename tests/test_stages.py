@@ -8,8 +8,8 @@ from eagle3.stages import ORDER, STAGES, required_objects
 
 
 def test_required_objects_are_the_names_the_stages_write() -> None:
-    from eagle3.data.stage import METADATA, RAW, TOKEN_FREQ
-    from eagle3.data.tokenized import TOKENIZED
+    from eagle3.generate.stage import METADATA, RAW, TOKEN_FREQ
+    from eagle3.generate.tokenized import TOKENIZED
     from eagle3.drafter.adapter import CONFIG, WEIGHTS
     from eagle3.evaluate.stage import PLOT, REPORT
     from eagle3.export.directory import FILES

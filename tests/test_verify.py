@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from eagle3.cli.app import app
 from eagle3.config import load_config
 from eagle3.context import run_stage
-from eagle3.pipeline.runner import RUN_CONFIG
+from eagle3.runs import RUN_CONFIG
 from eagle3.store import open_store
 from tests.committed import key_of, path_of
 from tests.fabricated_upstream import commit_fabricated_generate

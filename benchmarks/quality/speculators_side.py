@@ -96,7 +96,7 @@ def write_dataset(samples, out: Path) -> None:
 
 def write_data(config: Path, tokenized: Path, vocab_mapping: Path, aux_ids: list[int], out: Path) -> dict:
     from eagle3.config import load_config
-    from eagle3.data.tokenized import read_tokenized
+    from eagle3.generate.tokenized import read_tokenized
     from eagle3.targets.load import load_target_model
     from eagle3.vocab.mapping import load_vocab_mapping
 

@@ -46,10 +46,10 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
 ) -> None:
     """Print the log of the stage's latest attempt."""
-    from eagle3.context import open_run_store
+    from eagle3.cli.backends import open_backend
     from eagle3.errors import RunNotFound
-    from eagle3.pipeline.runner import open_backend
     from eagle3.pipeline.runstate import RunState
+    from eagle3.runs import open_run_store
     from eagle3.stages import get_stage
 
     if stage != "serve":
@@ -85,11 +85,10 @@ def show(
     store: StoreOpt = None,
 ) -> None:
     """Print where something of the run is; a stable command for a path that changes with each attempt."""
-    from eagle3.context import open_run_store
     from eagle3.errors import ConfigError, RunNotFound
     from eagle3.manifest import verify_stage
     from eagle3.pipeline.report import drafter_location
-    from eagle3.pipeline.status import require_run
+    from eagle3.runs import open_run_store, require_run
 
     if what != "drafter":
         raise ConfigError(f"show {what!r}: nothing of that name; show takes: drafter")

@@ -51,10 +51,10 @@ def down(
     backend: BackendOpt = None,
 ) -> None:
     """Stop whatever the run started (server, stages); the store is left as it is."""
-    from eagle3.context import open_run_store
+    from eagle3.cli.backends import open_backend
     from eagle3.errors import RunNotFound
-    from eagle3.pipeline.runner import open_backend
     from eagle3.pipeline.runstate import RunState
+    from eagle3.runs import open_run_store
 
     cfg = config_from(config, run_id, store, backend)
     try:  # a local run with no store folder has started nothing; a cluster's objects are looked up there

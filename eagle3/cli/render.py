@@ -21,15 +21,15 @@ def render(
     controller: Annotated[bool, typer.Option("--controller", help="With --values: run the whole pipeline in-cluster (the controller Job).")] = False,
 ) -> None:
     """Print every object of the run (the Helm chart rendered with values from the config)."""
-    from eagle3.pipeline.inputs import local_inputs, local_path, with_inputs
+    from eagle3.k8s.inputs import local_inputs, local_path, with_inputs
 
     cfg = config_from(config, run_id, store)
     if values is not None:
         import yaml
 
-        from eagle3.context import open_run_store
+        from eagle3.k8s.inputs import upload_inputs
         from eagle3.k8s.render import install_values, release_name
-        from eagle3.pipeline.inputs import upload_inputs
+        from eagle3.runs import open_run_store
 
         inputs = local_inputs(cfg)  # the controller reads them from the store: they must exist here
         if inputs:

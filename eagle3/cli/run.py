@@ -65,13 +65,14 @@ def pipeline(
     cancel: CancelOpt = False,
 ) -> None:
     """Run every stage in DAG order; stages complete for the same input key are skipped, partial ones resume."""
+    from eagle3.cli.backends import open_backend
     from eagle3.pipeline.runner import run_pipeline
     from eagle3.pipeline.scheduler import Selection
 
     cfg = _cancel(config_from(config, run_id, store, backend), cancel)
     _announce(config, cfg)
     _finish(run_pipeline(cfg, Selection(start=start, until=tuple(until or ()), force=tuple(force or ())), typer.echo,
-                         reuse_from=reuse_from))
+                         open_backend=open_backend, reuse_from=reuse_from))
 
 
 @app.command("stage")
@@ -87,13 +88,14 @@ def stage(
     cancel: CancelOpt = False,
 ) -> None:
     """Run one stage on the backend (its upstream stages must be complete); starts the server for generate."""
+    from eagle3.cli.backends import open_backend
     from eagle3.pipeline.runner import run_pipeline
     from eagle3.pipeline.scheduler import Selection
 
     cfg = _cancel(config_from(config, run_id, store, backend), cancel)
     _announce(config, cfg)
     _finish(run_pipeline(cfg, Selection(only=(name,), force=(name,) if force else ()), typer.echo,
-                         reuse_from=reuse_from))
+                         open_backend=open_backend, reuse_from=reuse_from))
 
 
 __all__ = ["app", "Path"]

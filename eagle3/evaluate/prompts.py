@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle3.config import PipelineConfig
-from eagle3.data.prompts import Prompt, parse_prompts, read_prompts_bytes, select_prompts
+from eagle3.generate.prompts import Prompt, parse_prompts, read_prompts_bytes, select_prompts
 
 
 @dataclass

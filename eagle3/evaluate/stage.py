@@ -57,8 +57,8 @@ def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
 
 def held_out_prompt_ids(cfg: Any) -> tuple[Any, list[list[int]]]:
     """The held-out prompts, and their token ids as a server prompts the target: the chat
-    template with its generation prompt (:mod:`eagle3.data.render`, as generate's samples)."""
-    from eagle3.data.render import encode, generation_prompt
+    template with its generation prompt (:mod:`eagle3.generate.render`, as generate's samples)."""
+    from eagle3.generate.render import encode, generation_prompt
     from eagle3.targets.load import load_tokenizer
 
     held = held_out_prompts(cfg)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle3.data.tokenized import TokenizedSamples
+from eagle3.generate.tokenized import TokenizedSamples
 from eagle3.extract.batching import ShardPlan, plan_batches, right_pad
 from eagle3.targets.capture import HiddenCapture
 from eagle3.extract.shards import STORAGE_DTYPES, HiddenShard, quantize_fp8

@@ -13,23 +13,24 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
 from eagle3.context import StageContext
-from eagle3.data.tokenized import TOKENIZED, read_tokenized
 from eagle3.errors import StageError
-from eagle3.extract.batching import plan_shards
-from eagle3.targets.capture import HiddenCapture, find_decoder_stack
-from eagle3.targets.placement import load_target, resolve_device
+from eagle3.extract.batching import ShardPlan, plan_shards
+from eagle3.extract.parallel import Ranks, my_share
 from eagle3.extract.run import HostStaging, ShardStats, extract_shard
 from eagle3.extract.shards import INDEX, SHARD_DIR, STORAGE_DTYPES, TARGET_HEAD, read_shard, shard_name
 from eagle3.extract.writer import ShardWriter
-from eagle3.extract.parallel import Ranks, my_share
-from eagle3.manifest import Manifest, ObjectEntry, ObjectWriter, committed_key
+from eagle3.generate.tokenized import TOKENIZED, read_tokenized
+from eagle3.manifest import Manifest, ObjectEntry, ObjectWriter, StageOutput, committed_key
 from eagle3.store import ObjectStore, local_copy
 from eagle3.targets.aux_layers import resolve_aux_layer_ids
+from eagle3.targets.capture import HiddenCapture, find_decoder_stack
+from eagle3.targets.placement import load_target, resolve_device
 from eagle3.vllm_version import require_vllm
 
 
@@ -55,14 +56,77 @@ def target_head(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {"embed_tokens.weight": embed.cpu().clone(), "lm_head.weight": head.cpu().clone()}
 
 
-def run(ctx: StageContext) -> dict[str, Any]:
-    from eagle3.targets.placement import needs_device_map
-    from eagle3.targets.load import (hidden_size, load_target_config, num_layers, resolve_target, target_dtype,
-                                     target_vocab_size)
+@dataclass(frozen=True)
+class TargetShape:
+    """What extract needs of the target's config."""
 
-    from eagle3.targets.fit import check_fit
+    config: Any
+    num_layers: int
+    vocab_size: int
+    hidden_size: int
+    aux_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Every rank's extraction, summed (the slowest rank's wall time)."""
+
+    real_tokens: int
+    padded_tokens: int
+    batches_s: float
+    wall_s: float
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    from eagle3.targets.load import resolve_target
+    from eagle3.targets.placement import needs_device_map
 
     settings, tset = ctx.cfg.extract, ctx.cfg.target
+    vllm_version, ranks = _start(ctx)
+    writer = ctx.object_writer()
+    data = read_tokenized(ctx.upstream_path("generate", TOKENIZED))
+    target = _target_shape(tset, data)
+    plans = plan_shards(data.lengths(), settings.shard_tokens)
+    todo_all, head_done = _work_left(ctx, plans, ranks)
+    device = ranks.device(resolve_device(settings.device))
+    fits = not needs_device_map(resolve_target(tset), device)
+    todo = my_share(todo_all, ranks.gather(fits or ranks.local_rank == 0), ranks.rank)
+    stats = ShardStats()
+    wall = 0.0
+    if vllm_version is not None:
+        wall = _extract_vllm(ctx, data, todo, target.aux_ids, target.hidden_size, head_done, target.config, writer,
+                             stats, vllm_version)
+    elif todo or (ctx.output is not None and not head_done):
+        wall = _extract_hf(ctx, data, todo, target, head_done, device, writer, stats)
+    totals = _gather(ranks, writer, ctx.output, todo, stats, wall)
+    if totals is None:
+        return {}  # only rank 0 writes the index and commits
+    index = _write_index(ctx, data, plans, target, device)
+    padding = 1 - totals.real_tokens / totals.padded_tokens if totals.padded_tokens else 0.0
+    return {
+        "aux_layer_ids": target.aux_ids,
+        "engine": settings.engine,
+        "target_dtype": index["target_dtype"],
+        "storage_dtype": settings.storage_dtype,
+        "hidden_bytes_per_token": bytes_per_token(target.hidden_size, settings.storage_dtype),
+        "samples": len(data),
+        "tokens": data.num_tokens,
+        "shards": len(plans),
+        "shards_adopted": len(plans) - len(todo_all),
+        "tokens_extracted": totals.real_tokens,
+        "processes": ranks.world,
+        "batches_s": round(totals.batches_s, 3),
+        "extract_wall_s": round(totals.wall_s, 3),
+        "tokens_per_s": round(totals.real_tokens / totals.wall_s, 1) if totals.wall_s else None,
+        "padding_ratio": round(padding, 4),
+    }
+
+
+def _start(ctx: StageContext) -> tuple[tuple[int, int, int] | None, Ranks]:
+    """The vLLM version (engine vllm), the fit check, and the ranks joined."""
+    from eagle3.targets.fit import check_fit
+
+    settings = ctx.cfg.extract
     vllm_version = require_vllm("extract.engine=vllm") if settings.engine == "vllm" else None
     check_fit(ctx.cfg, "extract")
     ranks = Ranks.from_env()
@@ -70,20 +134,28 @@ def run(ctx: StageContext) -> dict[str, Any]:
         raise StageError("extract.engine=vllm runs one process (vLLM spreads the target over the GPUs itself); "
                          "set extract.nproc_per_node: 1")
     ranks.join()
-    out = ctx.output  # rank 0: begins, includes every rank's shards, commits
-    writer = ctx.object_writer()
-    data = read_tokenized(ctx.upstream_path("generate", TOKENIZED))
+    return vllm_version, ranks
+
+
+def _target_shape(tset: Any, data: Any) -> TargetShape:
+    """The target's shape from its config; the samples must hold tokens, each within its vocab."""
+    from eagle3.targets.load import hidden_size, load_target_config, num_layers, target_vocab_size
+
     if len(data) == 0:
         raise StageError("generate produced no tokenized samples: nothing to extract")
     config = load_target_config(tset)
     n_layers, vocab = num_layers(config), target_vocab_size(config)
-    hidden = hidden_size(config)
-    aux_ids = aux_ids_for(tset, n_layers)
+    target = TargetShape(config, n_layers, vocab, hidden_size(config), aux_ids_for(tset, n_layers))
     problems = data.validate(vocab)
     if problems:
         raise StageError(f"generate/{TOKENIZED}: {problems[0]}")
+    return target
 
-    plans = plan_shards(data.lengths(), settings.shard_tokens)
+
+def _work_left(ctx: StageContext, plans: list[ShardPlan], ranks: Ranks) -> tuple[list[ShardPlan], bool]:
+    """The shards no earlier attempt finished, and whether its target head is there: rank 0 adopts
+    what a killed attempt journaled and tells the others (who write only after it began the attempt)."""
+    out = ctx.output
     left: tuple[list[int], bool] | None = None
     if out is not None:
         recovered = out.recovered(SHARD_DIR + "/")
@@ -94,62 +166,77 @@ def run(ctx: StageContext) -> dict[str, Any]:
         if head_done:
             out.adopt(TARGET_HEAD)
         left = ([p.index for p in plans if shard_name(p.index) not in recovered], head_done)
-    todo_ids, head_done = ranks.broadcast(left)  # rank 0 began the attempt: others write only after this
+    todo_ids, head_done = ranks.broadcast(left)
     by_index = {p.index: p for p in plans}
-    todo_all = [by_index[i] for i in todo_ids]
-    device = ranks.device(resolve_device(settings.device))
-    fits = not needs_device_map(resolve_target(tset), device)
-    todo = my_share(todo_all, ranks.gather(fits or ranks.local_rank == 0), ranks.rank)
+    return [by_index[i] for i in todo_ids], head_done
 
-    stats = ShardStats()
-    wall = 0.0
-    if vllm_version is not None:
-        wall = _extract_vllm(ctx, data, todo, aux_ids, hidden, head_done, config, writer, stats, vllm_version)
-    elif todo or (out is not None and not head_done):
-        model = load_target(tset, device)
-        if out is not None and not head_done:
-            path = ctx.scratch / TARGET_HEAD
-            from safetensors.torch import save_file
 
-            save_file(target_head(model), str(path))
-            out.put_file(TARGET_HEAD, path)
-            path.unlink()
-        stack = find_decoder_stack(model, n_layers)
-        total = sum(p.num_tokens for p in todo)
-        done = 0
-        t0 = time.perf_counter()
-        staging = HostStaging()
-        with HiddenCapture(stack, aux_ids) as capture, ShardWriter(writer) as shards:
-            for p in todo:
-                shard = extract_shard(capture, data, p, hidden, settings.batch_tokens, settings.storage_dtype, stats,
-                                      staging)
-                shards.submit(p.index, shard)
-                del shard
-                done += p.num_tokens
-                ctx.progress(done, total, "tokens", shard=p.index,
-                             tokens_per_s=round(stats.real_tokens / max(time.perf_counter() - t0, 1e-9), 1))
-        wall = time.perf_counter() - t0
+def _extract_hf(ctx: StageContext, data: Any, todo: list[ShardPlan], target: TargetShape, head_done: bool,
+                device: torch.device, writer: ObjectWriter, stats: ShardStats) -> float:
+    """The shards left, through the target loaded with transformers (rank 0 also saves its head)."""
+    settings, out = ctx.cfg.extract, ctx.output
+    model = load_target(ctx.cfg.target, device)
+    if out is not None and not head_done:
+        path = ctx.scratch / TARGET_HEAD
+        from safetensors.torch import save_file
 
+        save_file(target_head(model), str(path))
+        out.put_file(TARGET_HEAD, path)
+        path.unlink()
+    stack = find_decoder_stack(model, target.num_layers)
+    staging = HostStaging()
+    with HiddenCapture(stack, target.aux_ids) as capture:
+        return _write_shards(ctx, writer, todo, stats, lambda p: extract_shard(
+            capture, data, p, target.hidden_size, settings.batch_tokens, settings.storage_dtype, stats, staging))
+
+
+def _write_shards(ctx: StageContext, writer: ObjectWriter, todo: list[ShardPlan], stats: ShardStats,
+                  extract: Callable[[ShardPlan], Any]) -> float:
+    """Each shard left, extracted and streamed to the store while the next is extracted, with
+    progress; the seconds it took."""
+    total, done, t0 = sum(p.num_tokens for p in todo), 0, time.perf_counter()
+    with ShardWriter(writer) as shards:
+        for p in todo:
+            shard = extract(p)
+            shards.submit(p.index, shard)
+            del shard
+            done += p.num_tokens
+            ctx.progress(done, total, "tokens", shard=p.index,
+                         tokens_per_s=round(stats.real_tokens / max(time.perf_counter() - t0, 1e-9), 1))
+    return time.perf_counter() - t0
+
+
+def _gather(ranks: Ranks, writer: ObjectWriter, out: StageOutput | None, todo: list[ShardPlan], stats: ShardStats,
+            wall: float) -> Totals | None:
+    """Every rank's shards into rank 0's manifest (``out``), and their counts summed; the ranks'
+    last collective. None on the other ranks."""
     mine = [writer.entries[shard_name(p.index)].model_dump() for p in todo]
     reports = ranks.gather((mine, stats.real_tokens, stats.padded_tokens, stats.batches_s, wall))
     ranks.leave()  # the last collective: rank 0 goes on to commit alone
     if out is None:
-        return {}  # only rank 0 writes the index and commits
+        return None
     for entries, *_ in reports[1:]:
         for e in entries:
             out.include(ObjectEntry.model_validate(e))
-    real, padded = sum(r[1] for r in reports), sum(r[2] for r in reports)
-    batches_s, wall = sum(r[3] for r in reports), max(r[4] for r in reports)
+    return Totals(sum(r[1] for r in reports), sum(r[2] for r in reports), sum(r[3] for r in reports),
+                  max(r[4] for r in reports))
 
+
+def _write_index(ctx: StageContext, data: Any, plans: list[ShardPlan], target: TargetShape, device: torch.device) -> dict:
+    """``index.json``: how the shards were made and what each holds."""
+    from eagle3.targets.load import target_dtype
+
+    settings, tset, out = ctx.cfg.extract, ctx.cfg.target, ctx.output
+    assert out is not None
     index = {
         "format": "eagle3.hidden.v1",
         "target_model": tset.model,
-        "aux_layer_ids": aux_ids,
+        "aux_layer_ids": target.aux_ids,
         "final_hidden": "after_final_norm",
-        "target_dtype": target_dtype(tset, "cuda" if settings.engine == "vllm" else device.type, config),
-        "hidden_size": hidden,
-        "num_layers": n_layers,
-        "target_vocab_size": vocab,
+        "target_dtype": target_dtype(tset, "cuda" if settings.engine == "vllm" else device.type, target.config),
+        "hidden_size": target.hidden_size,
+        "num_layers": target.num_layers,
+        "target_vocab_size": target.vocab_size,
         "storage_dtype": settings.storage_dtype,
         "engine": settings.engine,
         "num_samples": len(data),
@@ -158,24 +245,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
                    for p in plans],
     }
     out.put_json(INDEX, index, journal=False)
-    padding = 1 - real / padded if padded else 0.0
-    return {
-        "aux_layer_ids": aux_ids,
-        "engine": settings.engine,
-        "target_dtype": index["target_dtype"],
-        "storage_dtype": settings.storage_dtype,
-        "hidden_bytes_per_token": bytes_per_token(hidden, settings.storage_dtype),
-        "samples": len(data),
-        "tokens": data.num_tokens,
-        "shards": len(plans),
-        "shards_adopted": len(plans) - len(todo_all),
-        "tokens_extracted": real,
-        "processes": ranks.world,
-        "batches_s": round(batches_s, 3),
-        "extract_wall_s": round(wall, 3),
-        "tokens_per_s": round(real / wall, 1) if wall else None,
-        "padding_ratio": round(padding, 4),
-    }
+    return index
 
 
 def _extract_vllm(ctx: StageContext, data: Any, todo: list, aux_ids: list[int], hidden: int, head_done: bool,
@@ -200,16 +270,8 @@ def _extract_vllm(ctx: StageContext, data: Any, todo: list, aux_ids: list[int], 
         return 0.0
     longest = int(data.lengths().max())
     extractor = vllm_engine.open_llm(ctx.cfg, source, config, aux_ids, longest + 1, vllm_version)
-    total, done, t0 = sum(p.num_tokens for p in todo), 0, time.perf_counter()
-    with ShardWriter(writer) as shards:
-        for p in todo:
-            shard = vllm_engine.extract_shard_vllm(extractor, data, p, hidden, settings.storage_dtype, stats)
-            shards.submit(p.index, shard)
-            del shard
-            done += p.num_tokens
-            ctx.progress(done, total, "tokens", shard=p.index,
-                         tokens_per_s=round(stats.real_tokens / max(time.perf_counter() - t0, 1e-9), 1))
-    return time.perf_counter() - t0
+    return _write_shards(ctx, writer, todo, stats, lambda p: vllm_engine.extract_shard_vllm(
+        extractor, data, p, hidden, settings.storage_dtype, stats))
 
 
 def deep_check(store: ObjectStore, manifest: Manifest) -> list[str]:

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from eagle3.data.tokenized import TokenizedSamples
+from eagle3.generate.tokenized import TokenizedSamples
 from eagle3.errors import StageError
 from eagle3.extract.batching import ShardPlan
 from eagle3.extract.run import ShardStats, shard_buffers, to_storage

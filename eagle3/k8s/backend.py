@@ -18,15 +18,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from eagle3.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.config import PipelineConfig
 from eagle3.errors import Eagle3Error, StageError
 from eagle3.k8s import diagnose
 from eagle3.k8s.follow import GONE_TIMEOUT_S, ObjectWatch, PendingReport, wait_object_gone, wait_pods_gone
+from eagle3.k8s.inputs import local_inputs, upload_inputs, with_inputs
 from eagle3.k8s.kube import AlreadyExists, Conflict, KubeClient
 from eagle3.k8s.render import MULTI_NODE_STAGES, release_name, render_run, stage_objects
 from eagle3.k8s.serving import ServeControl
-from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
-from eagle3.pipeline.inputs import local_inputs, upload_inputs, with_inputs
+from eagle3.progress import parse_progress
 from eagle3.stages import STAGES
 
 INPUT_KEY = "eagle3.io/input-key"
@@ -137,7 +138,7 @@ class KubernetesBackend(Backend):
     @property
     def store(self) -> Any:
         if self._store is None:
-            from eagle3.context import open_run_store
+            from eagle3.runs import open_run_store
 
             self._store = open_run_store(self.cfg)
         return self._store
@@ -294,8 +295,6 @@ class KubernetesBackend(Backend):
         return f
 
     def progress(self, handle: StageHandle) -> Progress | None:
-        from eagle3.pipeline.local import parse_progress
-
         f = self._following.get(handle.stage) or self._refollow(handle)
         if f.progress_at is not None and self.clock() - f.progress_at < PROGRESS_EVERY_S:
             return f.progress

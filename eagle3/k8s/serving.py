@@ -8,22 +8,40 @@ so their GPUs are free before a GPU Job is submitted.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
+from eagle3.config import PipelineConfig
 from eagle3.errors import StageError
 from eagle3.k8s import diagnose
 from eagle3.k8s.follow import GONE_TIMEOUT_S, PendingReport, PodWatch, wait_pods_gone
 from eagle3.k8s.kube import AlreadyExists
 from eagle3.k8s.render import stage_objects
 
-if TYPE_CHECKING:
-    from eagle3.k8s.backend import KubernetesBackend
-
 SERVE_KINDS = ("NetworkPolicy", "Service", "Deployment")  # created in this order, deleted in reverse
 
 
+class ServeHost(Protocol):
+    """What the server's control uses of the Kubernetes backend that holds it."""
+
+    cfg: PipelineConfig
+    api: Any
+    namespace: str
+    objects: list[dict]
+    echo: Callable[[str], None]
+    clock: Callable[[], float]
+    pending_timeout_s: float | None
+
+    def prepare(self) -> None: ...
+
+    def of_kind(self, *kinds: str) -> list[dict]: ...
+
+    def apply(self, obj: dict) -> None: ...
+
+    def stage_selector(self, stage: str) -> str: ...
+
+
 class ServeControl:
-    def __init__(self, backend: KubernetesBackend) -> None:
+    def __init__(self, backend: ServeHost) -> None:
         self.b = backend
 
     @property

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from eagle3.pipeline.backend import Progress
+from eagle3.backend import Progress
 from eagle3.pipeline.scheduler import Scheduler, ServeRow, StageRow
 from eagle3.pipeline.table import Column, fit
 

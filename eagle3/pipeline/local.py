@@ -13,7 +13,6 @@ and the run that takes over a killed one's lease stops what it left running.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -26,12 +25,12 @@ from pathlib import Path
 import yaml
 
 from eagle3.config import PipelineConfig
-from eagle3.context import PROGRESS_TAG
 from eagle3.errors import StageError
-from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
+from eagle3.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.pipeline.lease import hostname, live_holder, pid_alive
 from eagle3.pipeline.runstate import RunState
 from eagle3.processes import processes_per_node
+from eagle3.progress import parse_progress
 from eagle3.serve.process import (ServerProcess, group_alive, last_line, proc_cmdline, stop_process_group,
                                   tagged_groups)
 from eagle3.serve.vllm import choose_engine, gpu_count, vllm_command
@@ -88,18 +87,6 @@ def rotate_log(log: Path) -> None:
         while log.with_name(f"{log.stem}.attempt-{n}.log").exists():
             n += 1
         log.rename(log.with_name(f"{log.stem}.attempt-{n}.log"))
-
-
-def parse_progress(line: str) -> dict | None:
-    """The JSON of an ``EAGLE3_PROGRESS {...}`` line, else None."""
-    i = line.find(PROGRESS_TAG + " ")
-    if i < 0:
-        return None
-    try:
-        rec = json.loads(line[i + len(PROGRESS_TAG) + 1:])
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) else None
 
 
 class LocalBackend(Backend):
@@ -342,4 +329,4 @@ def _ours(pid: int, recorded_cmd: str | None) -> bool:
     return recorded_cmd is not None and (current == recorded_cmd or current.endswith(" " + recorded_cmd))
 
 
-__all__ = ["LocalBackend", "child_env", "last_line", "parse_progress", "write_resolved_config"]
+__all__ = ["LocalBackend", "child_env", "last_line", "write_resolved_config"]

@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eagle3.config import PipelineConfig
-from eagle3.context import stage_input_key
+from eagle3.contract import StageVerdict, judge_run, key_change
 from eagle3.errors import ConfigError, Eagle3Error
 from eagle3.inputs import FILE_FIELDS, local_file
-from eagle3.manifest import LoadedManifest, Verdict, verify_stage
-from eagle3.stages import ORDER, STAGES, stage_config
+from eagle3.stages import ORDER, STAGES
 from eagle3.store import ObjectStore
 
 # Stages whose inputs include the target model's layers (aux ids) or its vocab.
@@ -36,50 +35,29 @@ def stages_to_run(cfg: PipelineConfig, store: ObjectStore, selected: set[str], f
                   reasons: dict[str, str] | None = None) -> set[str]:
     """The selected stages this run will start, judged as the scheduler will judge them; ``reasons``
     (when given) gets, for each of them that has committed output, why it runs again."""
-    complete: dict[str, LoadedManifest] = {}
     runs: set[str] = set()
     why = reasons if reasons is not None else {}
-    for name in ORDER:
-        spec = STAGES[name]
-        rerun_ups = [up for up in spec.needs if up in runs]
-        if rerun_ups:
-            if name in selected:
-                runs.add(name)
-                if verify_stage(store, cfg.run_id, name).manifest is not None:
-                    why[name] = f"{', '.join(rerun_ups)} runs again"
-            continue
-        if not all(up in complete for up in spec.needs):
-            continue  # blocked: the scheduler says so
-        upstream = {u: complete[u] for u in spec.needs}
-        key = stage_input_key(cfg, spec, upstream, store)
-        v = verify_stage(store, cfg.run_id, name, input_key=key)
-        if v.complete and v.manifest is not None and name not in force:
-            complete[name] = v.manifest
-        elif name in selected:
-            runs.add(name)
-            if v.manifest is not None:
-                why[name] = "--force" if name in force else _rerun_reason(cfg, name, v, key, upstream, store)
+    for name, sv in judge_run(cfg, store, force=force).items():
+        rerun_ups = [up for up in STAGES[name].needs if up in runs]
+        if name not in selected or sv.complete or (sv.waits_for and not rerun_ups):
+            continue  # complete, or blocked (the scheduler says so)
+        runs.add(name)
+        if sv.manifest is not None:
+            why[name] = (f"{', '.join(rerun_ups)} runs again" if rerun_ups else
+                         "--force" if name in force else _rerun_reason(cfg, sv, store))
     return runs
 
 
-def _rerun_reason(cfg: PipelineConfig, name: str, v: Verdict, key: str, upstream: dict[str, LoadedManifest],
-                  store: ObjectStore) -> str:
+def _rerun_reason(cfg: PipelineConfig, sv: StageVerdict, store: ObjectStore) -> str:
     """Why a stage with a manifest is not complete: what changed since it ran, or what of its output is damaged."""
-    from eagle3.verify import config_changes
-
-    assert v.manifest is not None
-    m = v.manifest.manifest
-    if m.input_key != key:
-        ups = [u for u in upstream if m.upstream.get(u) != upstream[u].digest]
-        if ups:
-            return f"{', '.join(ups)} changed since it ran"
-        changes = config_changes(m.config, stage_config(cfg, STAGES[name], store)) if m.config is not None else []
-        if changes:
-            return "the config changed (" + "; ".join(changes[:3]) + (" …" if len(changes) > 3 else "") + ")"
-        return "its input key changed (the code version or a setting it hashes)"
-    damaged = [p for p in v.problems if "input key changed" not in p]
-    reason = damaged[0] if damaged else v.reason
-    return reason.replace(f"{store.uri}/{m.prefix}/", "")  # object names relative to its attempt folder
+    assert sv.manifest is not None
+    if sv.check.stale:
+        return key_change(cfg, store, sv).describe("{} changed since it ran", "the config changed ({})",
+                                                   "its input key changed (the code version or a setting it hashes)")
+    damaged = sv.check.damage
+    reason = damaged[0] if damaged else sv.check.reason
+    # object names relative to its attempt folder
+    return reason.replace(f"{store.uri}/{sv.manifest.manifest.prefix}/", "")
 
 
 def local_model_problem(model: str) -> str | None:
@@ -155,7 +133,7 @@ def check_run(cfg: PipelineConfig, to_run: set[str], echo: Callable[[str], None]
 def _read_prompt_files(cfg: PipelineConfig, to_run: set[str], problems: list[str]) -> dict[str, list[Any]]:
     """The prompts of every prompt file a stage to run reads here (local or builtin), parsed; a
     file that does not parse, is empty or binary adds its one line to ``problems``."""
-    from eagle3.data.prompts import parse_prompts, read_prompts_bytes
+    from eagle3.generate.prompts import parse_prompts, read_prompts_bytes
 
     out: dict[str, list[Any]] = {}
     for section, name in FILE_FIELDS:
@@ -187,7 +165,7 @@ def _prompt_length_problems(cfg: PipelineConfig, prompts: list[Any]) -> list[str
     too_long: list[tuple[int, str]] = [(p.line, f"at least {-(-n // widest):,}") for p, n in unsure if n > limit * widest]
     measure = [p for p, n in unsure if n <= limit * widest]
     if measure:
-        from eagle3.data.render import encode, generation_prompt
+        from eagle3.generate.render import encode, generation_prompt
         from eagle3.targets.load import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.target)

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import PipelineConfig
-from eagle3.context import open_run_store
 from eagle3.manifest import read_manifest, verify_stage
 from eagle3.pipeline.runstate import run_dir
+from eagle3.runs import open_run_store, require_run
 from eagle3.stages import ORDER, STAGES
 from eagle3.store import ObjectStore
 
@@ -206,8 +206,6 @@ def _inline(text: str) -> str:
 
 def build_report(cfg: PipelineConfig, out_dir: Path | None = None, html: bool = False) -> Path:
     """Write the report (report.md or report.html) and its plots; return its path."""
-    from eagle3.pipeline.status import require_run
-
     store = open_run_store(cfg, create=False)
     require_run(store, cfg.run_id)
     out_dir = out_dir or run_dir(cfg.run_id, store.uri) / "report"

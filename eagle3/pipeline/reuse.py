@@ -32,11 +32,11 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from eagle3 import __version__
 from eagle3.config import RUN_ID_RULE, PipelineConfig, is_run_id
-from eagle3.context import stage_input_key
+from eagle3.contract import StageVerdict, judge_run
 from eagle3.errors import ConfigError, ManifestError, StoreError
 from eagle3.manifest import (
     ATTEMPT,
@@ -142,6 +142,14 @@ def reuse_stages(cfg: PipelineConfig, store: ObjectStore, source: str, selected:
                  in_flight: Callable[[str, str], bool] | None = None) -> list[Adoption]:
     """Adopt from run ``source`` every stage of ``selected`` (not forced, not complete here) whose
     output would be the same (module docstring); one line per stage adopted or refused."""
+    reuse = Reuse(cfg, store, source, _source_manifests(cfg, store, source), in_flight, echo)
+    judge_run(cfg, store, force=force,
+              settle=lambda sv: reuse.settle(sv) if sv.stage in selected and sv.stage not in force else None)
+    return reuse.adopted
+
+
+def _source_manifests(cfg: PipelineConfig, store: ObjectStore, source: str) -> dict[str, LoadedManifest | None]:
+    """Run ``source``'s committed manifests, by stage; a ConfigError when it is no other run with one."""
     if not is_run_id(source):
         raise ConfigError(f"--reuse-from {source!r}: a run id {RUN_ID_RULE}")
     if source == cfg.run_id:
@@ -154,42 +162,54 @@ def reuse_stages(cfg: PipelineConfig, store: ObjectStore, source: str, selected:
             theirs[name] = None  # unparsable: nothing to reuse there
     if not any(theirs.values()):
         raise ConfigError(f"--reuse-from {source}: run {source} has no committed stage in {store.uri}")
-    complete: dict[str, LoadedManifest] = {}
-    adopted: list[Adoption] = []
-    for name in ORDER:
-        spec = STAGES[name]
-        if not all(u in complete for u in spec.needs):
-            continue
-        upstream = {u: complete[u] for u in spec.needs}
-        key = stage_input_key(cfg, spec, upstream, store)
-        mine = verify_stage(store, cfg.run_id, name, input_key=key)
-        if mine.complete and mine.manifest is not None and name not in force:
-            complete[name] = mine.manifest
-            continue
-        found = theirs[name]
-        if name not in selected or name in force or found is None:
-            continue
-        why = mismatch(cfg, store, spec, upstream, source, found, theirs)
-        if why is None and in_flight is not None and in_flight(name, key):
+    return theirs
+
+
+@dataclass
+class Reuse:
+    """Adopting run ``source``'s stages into this run, one stage at a time as the walk reaches it."""
+
+    cfg: PipelineConfig
+    store: ObjectStore
+    source: str
+    theirs: dict[str, LoadedManifest | None]  # the source run's committed manifests
+    in_flight: Callable[[str, str], bool] | None
+    echo: Callable[[str], None]
+    adopted: list[Adoption] = field(default_factory=list)
+
+    def settle(self, sv: StageVerdict) -> LoadedManifest | None:
+        """The source run's output of the stage ``sv`` judged, adopted when it is this run's and
+        verifies (``judge_run``'s ``settle``); else None, and one line saying why not."""
+        found = self.theirs[sv.stage]
+        if found is None:
+            return None
+        name, spec, key = sv.stage, STAGES[sv.stage], sv.input_key
+        assert key is not None
+        why = mismatch(self.cfg, self.store, spec, sv.upstream, self.source, found, self.theirs)
+        if why is None and self.in_flight is not None and self.in_flight(name, key):
             why = "an attempt of its own for this input key may still be running; it resumes"
-        verdict = verify_stage(store, source, name) if why is None else None
+        verdict = verify_stage(self.store, self.source, name) if why is None else None
         if verdict is not None and not verdict.complete:
-            why = f"run {source}'s {name} does not verify: {verdict.reason}"
+            why = f"run {self.source}'s {name} does not verify: {verdict.reason}"
         if why is not None:
-            echo(f"{name}: not reused from run {source}: {why}")
-            continue
+            self.echo(f"{name}: not reused from run {self.source}: {why}")
+            return None
+        assert verdict is not None
+        return self._adopt(sv, key, verdict)
+
+    def _adopt(self, sv: StageVerdict, key: str, verdict: Verdict) -> LoadedManifest | None:
         t0 = time.monotonic()
         try:
-            complete[name] = adopt(cfg, store, spec, upstream, key, source, verdict)
+            committed = adopt(self.cfg, self.store, STAGES[sv.stage], sv.upstream, key, self.source, verdict)
         except (StoreError, ManifestError) as e:
-            echo(f"{name}: not reused from run {source}: copying failed: {e}")
-            continue
-        objects = complete[name].manifest.objects
-        a = Adoption(name, len(objects), sum(o.size for o in objects), time.monotonic() - t0)
-        adopted.append(a)
-        echo(f"{name}: adopted from run {source} into run {cfg.run_id} ({a.objects} objects, "
-             f"{a.bytes / 2**20:,.1f} MiB, {a.seconds:.1f}s)")
-    return adopted
+            self.echo(f"{sv.stage}: not reused from run {self.source}: copying failed: {e}")
+            return None
+        objects = committed.manifest.objects
+        a = Adoption(sv.stage, len(objects), sum(o.size for o in objects), time.monotonic() - t0)
+        self.adopted.append(a)
+        self.echo(f"{a.stage}: adopted from run {self.source} into run {self.cfg.run_id} ({a.objects} objects, "
+                  f"{a.bytes / 2**20:,.1f} MiB, {a.seconds:.1f}s)")
+        return committed
 
 
 def unfinished_attempt(store: ObjectStore, run_id: str) -> Callable[[str, str], bool]:

@@ -16,34 +16,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from eagle3.backend import Backend
 from eagle3.config import PipelineConfig
-from eagle3.context import open_run_store
 from eagle3.errors import ConfigError, Eagle3Error
-from eagle3.pipeline.backend import Backend
-from eagle3.pipeline.live import LiveView, make_view
 from eagle3.inputs import FILE_FIELDS, local_file, record_digests
 from eagle3.pipeline.lease import Lease, hostname
+from eagle3.pipeline.live import LiveView, make_view
 from eagle3.pipeline.preflight import check_run, stages_to_run
 from eagle3.pipeline.runstate import RunState, run_dir
 from eagle3.pipeline.scheduler import RunResult, Scheduler, Selection
-from eagle3.store import ObjectStore
+from eagle3.runs import RUN_CONFIG, open_run_store
 from eagle3.signals import sigterm_as_interrupt
-
-RUN_CONFIG = "_run/config.json"  # the config of the latest attempt that committed a stage or ended complete (ConfigRecord)
-
-
-def open_backend(cfg: PipelineConfig, state: RunState) -> Backend:
-    """The backend named by the config (``--backend`` overrides it)."""
-    if cfg.backend == "local":
-        from eagle3.pipeline.local import LocalBackend
-
-        return LocalBackend(cfg, state)
-    try:
-        from eagle3.k8s.backend import KubernetesBackend
-    except ImportError as e:
-        raise ConfigError(f"backend 'kubernetes' is not available: cannot import eagle3.k8s.backend ({e})") from None
-    return KubernetesBackend(cfg, state)  # type: ignore[call-arg]
-
+from eagle3.store import ObjectStore
 
 def check_engine(cfg: PipelineConfig) -> None:
     """A serve engine that cannot start here, or images nobody built, are config errors before anything starts."""
@@ -120,9 +104,11 @@ class PipelineRun:
 
 
 def run_pipeline(cfg: PipelineConfig, selection: Selection, echo: Callable[[str], None],
-                 tty: bool | None = None, poll_interval: float = 0.5, reuse_from: str | None = None) -> PipelineRun:
+                 open_backend: Callable[[PipelineConfig, RunState], Backend], tty: bool | None = None,
+                 poll_interval: float = 0.5, reuse_from: str | None = None) -> PipelineRun:
     """Take the run's lease, stop a killed predecessor's leftovers, adopt what run ``reuse_from``
-    already made (``eagle3.pipeline.reuse``), check the whole DAG, then schedule."""
+    already made (``eagle3.pipeline.reuse``), check the whole DAG, then schedule on the backend
+    ``open_backend`` gives (the CLI's choice, ``eagle3.cli.backends``)."""
     from eagle3.serve.process import proc_cmdline
 
     selected = selection.stages()
@@ -200,7 +186,7 @@ def summary_lines(run: PipelineRun) -> list[str]:
 def result_lines(cfg: PipelineConfig, exported: bool) -> list[str]:
     """The end of a good run: the acceptance length, where the drafter is (and the command that always
     finds it), where the report is."""
-    from eagle3.config import DEFAULT_STORE_URI
+    from eagle3.settings.store import DEFAULT_STORE_URI
     from eagle3.pipeline.report import acceptance_line, build_report, drafter_location, evaluation_report
 
     store = open_run_store(cfg, create=False)

@@ -3,8 +3,8 @@
 The DAG and resource classes come from ``eagle3.stages``. The rules:
 
 - A stage is considered once every upstream stage is done (or skipped) in this run; its
-  input key is then computed exactly as the stage itself does (``eagle3.context``), and a
-  stage whose manifest is complete for that key is skipped, saying so.
+  verdict (``eagle3.contract.judge_run``) then gives its input key, computed exactly as the
+  stage itself does, and a stage whose manifest is complete for that key is skipped, saying so.
 - ``serve`` is a service node, not a manifest stage: started only when a stage that needs
   the endpoint must run and no ``serve.endpoint`` is configured; stopped, and confirmed
   stopped, as soon as no such stage is left, before any GPU stage is submitted.
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable
 
+from eagle3.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.config import PipelineConfig
-from eagle3.context import stage_input_key, upstream_digests
-from eagle3.errors import ConfigError, Eagle3Error
+from eagle3.contract import StageVerdict, judge_run
+from eagle3.errors import ConfigError, Eagle3Error, UpstreamMissing
 from eagle3.manifest import verify_stage
-from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.pipeline.runstate import RunState
-from eagle3.stages import ORDER, STAGES
+from eagle3.stages import ORDER, STAGES, ancestors, descendants
 from eagle3.store import ObjectStore
 
 class LeaseLost(Eagle3Error):
@@ -109,21 +109,6 @@ class Selection:
         if bad:
             raise ConfigError(f"--force {bad[0]}: the stage is outside the stages selected to run")
         return chosen
-
-
-def ancestors(stage: str) -> set[str]:
-    out: set[str] = set()
-    for up in STAGES[stage].needs:
-        out |= {up} | ancestors(up)
-    return out
-
-
-def descendants(stage: str) -> set[str]:
-    out: set[str] = set()
-    for name, spec in STAGES.items():
-        if stage in spec.needs:
-            out |= {name} | descendants(name)
-    return out
 
 
 @dataclass
@@ -250,13 +235,20 @@ class Scheduler:
         self.rows[name].state, self.rows[name].reason = "excluded", "not selected to run, and not complete"
         self.on_change(self, f"{name}: excluded ({self.rows[name].reason})")
 
+    def _judge(self, name: str) -> StageVerdict:
+        """The stage's verdict now, its input key remembered; its upstream stages must be complete."""
+        verdicts = judge_run(self.cfg, self.store, until=name)
+        v = verdicts[name]
+        if v.waits_for:
+            up = v.waits_for[0]
+            raise UpstreamMissing(f"stage {name} needs {up}, which is not complete: {verdicts[up].reason}")
+        assert v.input_key is not None
+        self.keys[name] = v.input_key
+        return v
+
     def _complete(self, name: str) -> tuple[bool, str]:
         """Complete for the input key the stage would compute now? Upstreams must be complete."""
-        spec = STAGES[name]
-        upstream = upstream_digests(self.cfg, spec, self.store)
-        key = stage_input_key(self.cfg, spec, upstream, self.store)
-        self.keys[name] = key
-        v = verify_stage(self.store, self.cfg.run_id, name, input_key=key)
+        v = self._judge(name)
         if v.complete and v.manifest is not None:
             return True, f"complete, input key matches manifest of {_when(v.manifest.manifest.finished_at)}"
         return False, v.reason
@@ -317,7 +309,7 @@ class Scheduler:
         row.gpus = self.backend.gpu_count() if spec.resource == "gpu" else 0
         try:
             if name not in self.keys:  # forced: never checked for completeness
-                self.keys[name] = stage_input_key(self.cfg, spec, upstream_digests(self.cfg, spec, self.store), self.store)
+                self._judge(name)
             row.handle = self.backend.submit(name, endpoint=endpoint, input_key=self.keys[name],
                                              force=name in self.selection.force)
         except Eagle3Error as e:

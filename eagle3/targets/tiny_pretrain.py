@@ -15,7 +15,8 @@ import random
 
 import torch
 
-from eagle3.data.builtin_prompts import FIRST_REPLY, SYSTEMS, Request, sample_request
+from eagle3.targets.builtin_prompts import FIRST_REPLY, SYSTEMS, Request, sample_request
+from eagle3.targets.think import THINK_CLOSE, opens_think_block
 
 PRETRAIN_STEPS = 120
 PRETRAIN_BATCH = 8
@@ -73,9 +74,6 @@ def synthetic_chats(n: int = PRETRAIN_CHATS, seed: int = 0) -> list[list[dict]]:
 
 def _examples(tokenizer, chats: list[list[dict]]) -> list[tuple[list[int], list[int]]]:
     """(input_ids, labels) per chat; labels are -100 except on the final assistant turn."""
-    from eagle3.data.reasoning import THINK_CLOSE
-    from eagle3.data.render import opens_think_block
-
     out = []
     for chat in chats:
         head = tokenizer.apply_chat_template(chat[:-1], tokenize=False, add_generation_prompt=True)

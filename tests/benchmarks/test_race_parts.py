@@ -131,7 +131,7 @@ def test_hidden_states_are_the_aux_inputs_and_the_final_norms_input(tmp_path, ti
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from eagle3.data.tokenized import from_lists
+    from eagle3.generate.tokenized import from_lists
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(0)

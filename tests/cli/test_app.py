@@ -57,7 +57,7 @@ def test_missing_s3_credentials_are_caught_before_anything_starts(workdir, monke
 
 
 def _commit(store, cfg, stage, objects: dict[str, bytes], stats: dict):
-    from eagle3.context import stage_input_key, upstream_digests
+    from eagle3.contract import stage_input_key, upstream_digests
     from eagle3.stages import STAGES
 
     spec = STAGES[stage]

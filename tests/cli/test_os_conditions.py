@@ -125,7 +125,7 @@ def test_deep_verify_of_a_zeroed_upstream_object_reports_it_and_goes_on(workdir,
 def test_a_content_check_that_cannot_read_its_objects_is_one_problem(tmp_path):
     from safetensors.torch import load_file
 
-    from eagle3.verify import guarded
+    from eagle3.contract import guarded
 
     bad = tmp_path / "zeros.safetensors"
     bad.write_bytes(b"\0" * 64)

@@ -172,7 +172,7 @@ def test_train_stage_on_cuda_compiles_and_learns(tmp_path, tiny_target_dir, tiny
 @pytest.mark.parametrize("storage", ["bfloat16", "float8_e4m3fn"])
 def test_pipelined_extraction_equals_batch_by_batch_on_cuda(tiny_target_dir, storage):
     """Pinned async copies placed one batch behind give the same shard as waiting for each batch."""
-    from eagle3.data.tokenized import from_lists
+    from eagle3.generate.tokenized import from_lists
     from eagle3.extract.batching import plan_batches, plan_shards, right_pad
     from eagle3.targets.capture import HiddenCapture, find_decoder_stack
     from eagle3.extract.run import ShardStats, extract_shard, to_storage

@@ -27,9 +27,9 @@ from safetensors.torch import save_file
 
 from eagle3.config import PipelineConfig
 from eagle3.context import run_stage
-from eagle3.data.prompts import load_prompts
-from eagle3.data.samples import token_frequencies
-from eagle3.data.tokenized import from_lists, write_tokenized
+from eagle3.generate.prompts import load_prompts
+from eagle3.generate.samples import token_frequencies
+from eagle3.generate.tokenized import from_lists, write_tokenized
 from eagle3.manifest import StageOutput
 from eagle3.store import open_store
 from tests.extract.pipeline import pipeline_config

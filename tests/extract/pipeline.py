@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from eagle3.config import PipelineConfig, load_config
-from eagle3.data.tokenized import TOKENIZED, from_lists, write_tokenized
+from eagle3.generate.tokenized import TOKENIZED, from_lists, write_tokenized
 from eagle3.manifest import StageOutput
 from eagle3.store import open_store
 from tests.committed import key_of, put_required

@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass, field
 
 from eagle3.config import PipelineConfig
-from eagle3.context import stage_input_key, upstream_digests
+from eagle3.contract import stage_input_key, upstream_digests
 from eagle3.manifest import StageOutput
-from eagle3.pipeline.backend import Backend, Progress, StageHandle, StageOutcome
+from eagle3.backend import Backend, Progress, StageHandle, StageOutcome
 from eagle3.stages import STAGES, stage_config
 from eagle3.store import ObjectStore
 from tests.committed import put_required

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3.data.tokenized import read_tokenized  # noqa: F401  (fails early if the contract module moved)
+from eagle3.generate.tokenized import read_tokenized  # noqa: F401  (fails early if the contract module moved)
 from eagle3.stages import ORDER, STAGES
 from eagle3.store.local import LocalStore
 from tests.committed import path_of

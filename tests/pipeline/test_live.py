@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from eagle3.config import load_config
-from eagle3.pipeline.backend import Progress
+from eagle3.backend import Progress
 from eagle3.pipeline.live import PlainView, fmt_progress, fmt_rate, render
 from eagle3.pipeline.scheduler import Scheduler
 from eagle3.pipeline.status import status_table

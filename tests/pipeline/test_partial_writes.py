@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle3.cli.backends import open_backend
 from eagle3.pipeline.runner import run_pipeline
 from eagle3.pipeline.scheduler import Selection
 from eagle3.verify import verify_run
@@ -43,7 +44,7 @@ def test_a_stale_partial_write_is_named_by_verify_and_removed_when_the_run_next_
 
     monkeypatch.chdir(tmp_path)
     said: list[str] = []
-    result = run_pipeline(cfg, Selection(), said.append, tty=False).result
+    result = run_pipeline(cfg, Selection(), said.append, open_backend, tty=False).result
     assert result.ok
     assert not stale.exists() and fresh.exists()
     assert (f"removed 1 partial write an earlier attempt left in {store.uri}/t1 (idle over lease_ttl_s, "

@@ -133,7 +133,7 @@ def test_a_huge_prompt_line_is_refused_without_tokenizing_it(tmp_path: Path, tin
 
 
 def test_a_prompt_over_max_length_is_counted_with_the_chat_template(tmp_path: Path, tiny_cache_dir: Path) -> None:
-    from eagle3.data.render import encode, generation_prompt
+    from eagle3.generate.render import encode, generation_prompt
     from eagle3.targets.load import load_tokenizer
 
     words = " ".join(f"w{i}" for i in range(60))  # ~200 bytes: over max_length/2, so counted exactly

@@ -10,12 +10,12 @@ import os
 import subprocess
 import sys
 
-from eagle3.pipeline.local import parse_progress
+from eagle3.progress import parse_progress
 
 RANKS, LINES = 4, 2000
 EMIT = f"""
 import os
-from eagle3.context import emit_progress
+from eagle3.progress import emit_progress
 for i in range({LINES}):
     emit_progress({{"stage": "extract", "done": i, "total": {LINES}, "unit": "tokens", "rank": int(os.environ["RANK"])}})
 """

@@ -49,7 +49,7 @@ def _commit(store, run_id: str, stage: str, objects: dict[str, bytes]) -> None:
     out.begin()
     for name, data in objects.items():
         out.put_bytes(name, data)
-    put_required(out, stage)  # the objects the stage always writes that the test does not name
+    put_required(out, stage)  # the rest of what the stage always writes
     out.commit({})
 
 

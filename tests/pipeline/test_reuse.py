@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import load_config
-from eagle3.context import stage_input_key, upstream_digests
+from eagle3.contract import stage_input_key, upstream_digests
 from eagle3.errors import ConfigError
 from eagle3.manifest import SMALL_OBJECT, StageOutput, read_manifest, verify_stage
 from eagle3.pipeline.reuse import reuse_stages
@@ -273,10 +273,10 @@ def test_the_pipeline_adopts_before_it_schedules_and_the_cli_passes_the_run(tmp_
     monkeypatch.chdir(tmp_path)
     b = config(tmp_path, "run-b", **{"vocab.draft_vocab_size": 64})
     backends = []
-    monkeypatch.setattr("eagle3.pipeline.runner.open_backend",
-                        lambda cfg, state: backends.append(FakeBackend(cfg, open_store(cfg.store.uri))) or backends[-1])
     lines: list[str] = []
-    run = run_pipeline(b, Selection(until=("extract",)), lines.append, poll_interval=0.01, reuse_from="run-a")
+    run = run_pipeline(b, Selection(until=("extract",)), lines.append,
+                       lambda cfg, state: backends.append(FakeBackend(cfg, open_store(cfg.store.uri))) or backends[-1],
+                       poll_interval=0.01, reuse_from="run-a")
     assert run.result.ok and backends[0].submitted == []
     assert [run.result.rows[n].state for n in ("generate", "extract")] == ["skipped", "skipped"]
     assert lines[0].startswith("generate: adopted from run run-a into run run-b")

@@ -50,7 +50,7 @@ def project(tmp_path: Path, tiny_cache_dir: Path, monkeypatch: pytest.MonkeyPatc
     p = Project(home, f"file://{tmp_path / 'store'}", tiny_cache_dir)
     p.config()
     monkeypatch.chdir(home)
-    monkeypatch.setattr("eagle3.pipeline.runner.open_backend",
+    monkeypatch.setattr("eagle3.cli.backends.open_backend",
                         lambda cfg, state: FakeBackend(cfg, open_store(cfg.store.uri), fail=p.fails))
     return p
 

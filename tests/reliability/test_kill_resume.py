@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.data.tokenized import read_tokenized
+from eagle3.generate.tokenized import read_tokenized
 from eagle3.extract.shards import read_shard
 from eagle3.stages import ORDER
 from eagle3.store.local import LocalStore

@@ -80,9 +80,9 @@ def test_unknown_arch(tmp_path):
 @pytest.mark.parametrize("arch", ["llama", pytest.param("deepseek", marks=pytest.mark.slow)])  # MoE decodes slowly
 def test_pretrained_target_answers_held_out_prompts_with_reasoning(arch, tiny_target_dir):
     # The last builtin prompts: held out from generate whenever max_samples < NUM_PROMPTS.
-    from eagle3.data.builtin_prompts import builtin_prompts_jsonl
-    from eagle3.data.prompts import parse_prompts
-    from eagle3.data.reasoning import split_inline
+    from eagle3.targets.builtin_prompts import builtin_prompts_jsonl
+    from eagle3.generate.prompts import parse_prompts
+    from eagle3.generate.reasoning import split_inline
 
     d = tiny_target_dir(arch)
     tok = AutoTokenizer.from_pretrained(d)
@@ -109,7 +109,7 @@ def test_pretraining_chats_follow_the_templates():
     for chat in chats:
         last = chat[-1]
         assert last["role"] == "assistant" and last["reasoning_content"].startswith("The user wants")
-    from eagle3.data.builtin_prompts import Request
+    from eagle3.targets.builtin_prompts import Request
 
     assert reply(Request("Define", "rivers", " briefly")) == (
         "The user wants me to define rivers. They want a short answer.",

@@ -19,10 +19,10 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 
 from eagle3.context import StageContext
-from eagle3.data.client import ChatClient, ChatParams, CredentialsError, EndpointError, RetryPolicy, api_key_from_env
-from eagle3.data.prompts import Prompt, load_prompts
-from eagle3.data.samples import build_samples, merge_records, outcome_record, token_frequencies
-from eagle3.data.tokenized import TOKENIZED, read_tokenized, write_tokenized
+from eagle3.generate.client import ChatClient, ChatParams, CredentialsError, EndpointError, RetryPolicy, api_key_from_env
+from eagle3.generate.prompts import Prompt, load_prompts
+from eagle3.generate.samples import build_samples, merge_records, outcome_record, token_frequencies
+from eagle3.generate.tokenized import TOKENIZED, read_tokenized, write_tokenized
 from eagle3.errors import StageError
 from eagle3.manifest import Manifest
 from eagle3.store import ObjectStore, local_copy

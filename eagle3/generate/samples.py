@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from eagle3.data.client import ChatOutcome
-from eagle3.data.prompts import Prompt
-from eagle3.data.reasoning import REASONING_FIELDS, split_reasoning
-from eagle3.data.render import Generated, Unfaithful, build_sample, end_of_turn_id, think_tags_are_special
-from eagle3.data.tokenized import TokenizedSamples, from_lists
+from eagle3.generate.client import ChatOutcome
+from eagle3.generate.prompts import Prompt
+from eagle3.generate.reasoning import REASONING_FIELDS, split_reasoning
+from eagle3.generate.render import Generated, Unfaithful, build_sample, end_of_turn_id, think_tags_are_special
+from eagle3.generate.tokenized import TokenizedSamples, from_lists
 
 # Exclusion reasons (keys of the metadata's ``excluded`` counts).
 FAILED, EMPTY, NO_REASONING, TOO_LONG = "request_failed", "empty", "missing_reasoning", "too_long"

@@ -8,7 +8,7 @@ import random
 import pytest
 from aiohttp import web
 
-from eagle3.data.client import (
+from eagle3.generate.client import (
     ChatClient, ChatParams, CredentialsError, EndpointError, NonRetryableError, RetriesExhausted, RetryPolicy,
     proxy_for,
 )

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from eagle3.config import load_config
-from eagle3.data.prompts import read_prompts_bytes
+from eagle3.generate.prompts import read_prompts_bytes
 from eagle3.errors import ConfigError
-from eagle3.pipeline.inputs import input_digest, local_inputs, upload_inputs, with_inputs
+from eagle3.k8s.inputs import input_digest, local_inputs, upload_inputs, with_inputs
 from eagle3.store import open_store
 
 PROMPTS = b'{"prompt": "hello"}\n{"prompt": "how are you?"}\n'
@@ -83,7 +83,7 @@ def test_upload_to_s3_and_read_back_as_the_pods_do(s3_store_uri, prompts):
 
 
 def test_the_upload_does_not_change_the_generate_input_key(tmp_path, prompts):
-    from eagle3.context import stage_input_key
+    from eagle3.contract import stage_input_key
     from eagle3.stages import STAGES
 
     cfg = cfg_for(f"file://{tmp_path}/store", prompts)

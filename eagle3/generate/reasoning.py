@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+from eagle3.targets.think import THINK_CLOSE, THINK_OPEN
+
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 

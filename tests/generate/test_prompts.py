@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from eagle3.data.builtin_prompts import NUM_PROMPTS
-from eagle3.data.prompts import load_prompts, parse_prompts, select_prompts
+from eagle3.targets.builtin_prompts import NUM_PROMPTS
+from eagle3.generate.prompts import load_prompts, parse_prompts, select_prompts
 from eagle3.errors import StageError
 
 

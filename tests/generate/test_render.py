@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from eagle3.data.render import (
+from eagle3.generate.render import (
     NOT_FINISHED,
     NOT_REPRODUCIBLE,
     REASONING_END_UNKNOWN,

@@ -131,7 +131,7 @@ def parse_prompts(data: bytes, source: str, system_prompt: str | None = None) ->
 def read_prompts_bytes(spec: str, endpoint_url: str | None = None, region: str | None = None) -> bytes:
     """The bytes of a prompts file: builtin, local path, or s3://bucket/key."""
     if spec == BUILTIN_PROMPTS:
-        from eagle3.data.builtin_prompts import builtin_prompts_jsonl
+        from eagle3.targets.builtin_prompts import builtin_prompts_jsonl
 
         return builtin_prompts_jsonl()
     if spec.startswith("s3://"):

@@ -26,8 +26,8 @@ from typer.testing import CliRunner
 from eagle3.cli.stage import app as stage_app
 from eagle3.config import load_config
 from eagle3.context import run_stage
-from eagle3.data.stage import RAW, deep_check
-from eagle3.data.tokenized import read_tokenized
+from eagle3.generate.stage import RAW, deep_check
+from eagle3.generate.tokenized import read_tokenized
 from eagle3.manifest import verify_stage
 from eagle3.store import open_store
 from eagle3.manifest import attempt_root
@@ -75,7 +75,7 @@ def run_cli_in_process(config: Path, endpoint: str | None) -> CliResult:
 
 def stage_key(cfg) -> str:
     """generate's input key, as the stage computes it (its attempt folder is named after it)."""
-    from eagle3.context import stage_input_key
+    from eagle3.contract import stage_input_key
     from eagle3.stages import STAGES
 
     return stage_input_key(cfg, STAGES["generate"], {}, open_store(cfg.store.uri))

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3.data.reasoning import THINK_CLOSE, THINK_OPEN
 from eagle3.errors import StageError
+from eagle3.targets.think import THINK_CLOSE, THINK_OPEN, opens_think_block
 
 # Exclusion reasons (keys of the metadata's ``excluded`` counts).
 REASONING_END_UNKNOWN = "reasoning_end_unknown"  # reasoning field, no content, stopped: was </think> emitted?
@@ -75,12 +75,6 @@ def generation_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
 
 def encode(tokenizer: Any, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def opens_think_block(prompt: str) -> bool:
-    """The generation prompt leaves a think block open (Kimi-K2.5, Qwen3-thinking): the
-    response starts inside the reasoning and only closes it."""
-    return prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)
 
 
 def end_of_turn_id(tokenizer: Any) -> int | None:

@@ -7,7 +7,7 @@ stop the serve endpoint, and report how a started stage ended. The scheduler
 Beyond the abstract methods (each with a default, so an implementation need not change):
 - ``Backend.gpu_count()`` (not abstract, default 0): GPUs a GPU stage or the server holds,
   used for the GPU-hours column. The Kubernetes backend should return gpus_per_node × nodes.
-- Construction: ``eagle3.pipeline.runner.open_backend`` builds ``LocalBackend(cfg, state)`` or
+- Construction: ``eagle3.cli.backends.open_backend`` builds ``LocalBackend(cfg, state)`` or
   ``KubernetesBackend(cfg, state)``, ``state`` being the run's ``RunState``
   (``.eagle3/runs/<run_id>/state.json``); ``logs`` and ``down`` are called on a fresh instance
   from another shell, so they must work from what the state file and the cluster hold.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eagle3.data.reasoning import split_inline, split_reasoning
+from eagle3.generate.reasoning import split_inline, split_reasoning
 
 
 def test_reasoning_content_field():

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from eagle3.data.client import ChatOutcome
-from eagle3.data.prompts import Prompt
-from eagle3.data.samples import build_samples, merge_records, outcome_record, token_frequencies
+from eagle3.generate.client import ChatOutcome
+from eagle3.generate.prompts import Prompt
+from eagle3.generate.samples import build_samples, merge_records, outcome_record, token_frequencies
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -99,7 +99,7 @@ def test_kimi_samples_are_built_as_generated_and_unfaithful_ones_excluded(tiny_t
 
 def test_return_token_ids_is_asked_of_vllm_only():
     from eagle3.config import PipelineConfig
-    from eagle3.data.stage import request_extras
+    from eagle3.generate.stage import request_extras
 
     assert request_extras(PipelineConfig(serve={"engine": "vllm"})) == {"return_token_ids": True}
     assert request_extras(PipelineConfig(serve={"engine": "transformers"})) == {}
