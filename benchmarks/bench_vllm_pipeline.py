@@ -60,7 +60,8 @@ def write_config(args: argparse.Namespace, variant: str) -> Path:
                           storage_dtype="float32" if args.dtype == "float32" else "bfloat16",
                           vllm={"gpu_memory_utilization": 0.3})
     cfg["train"].update(device=device, compile=False)  # the drafter's speed is not measured here
-    cfg["evaluate"].update(device=device, engine="hf" if variant == "hf-evaluate" else vllm)
+    cfg["evaluate"].update(device=device, engine="hf" if variant == "hf-evaluate" else vllm,
+                           vllm={"gpu_memory_utilization": 0.3, "enforce_eager": True})  # as the direct run's engine
     path = args.work / f"{run_id}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path

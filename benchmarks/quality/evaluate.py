@@ -59,7 +59,7 @@ def vllm_report(config: Path, export_dir: Path) -> dict[str, Any]:
     saved = json.loads((Path(target) / "config.json").read_text())
     served = saved.get("dtype") or saved.get("torch_dtype") or "bfloat16"  # the target is saved as it is served
     counts = run_vllm(target, export_dir, prompts, ev.num_draft_tokens, ev.max_new_tokens, cfg.target.trust_remote_code,
-                      served)
+                      served, ev.vllm)
     import vllm
 
     return {"engine": "vllm", "vllm_version": vllm.__version__, "dtype": served, "num_prompts": len(prompts),

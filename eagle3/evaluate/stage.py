@@ -226,7 +226,7 @@ def _evaluate_vllm(ctx: StageContext, prompts: list[list[int]]) -> dict[str, Any
     export_dir = ctx.upstream_path("export", EXPORT_CONFIG).parent
     ctx.upstream_path("export", EXPORT_MODEL)  # both files side by side in export_dir
     counts = run_vllm(resolve_target(ctx.cfg.target), export_dir, prompts, ev.num_draft_tokens, ev.max_new_tokens,
-                      ctx.cfg.target.trust_remote_code, target_dtype(ctx.cfg.target, "cuda"))
+                      ctx.cfg.target.trust_remote_code, target_dtype(ctx.cfg.target, "cuda"), ev.vllm)
     report = summarize_counts(ev.num_draft_tokens, counts["drafts"], counts["draft_tokens"], counts["accepted"],
                               counts["accepted_per_position"], counts["tokens_generated"])
     report["greedy_check"] = None  # vLLM verifies; there is no plain run to compare with here

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import StageError
+from eagle3.settings.evaluate import VllmEvaluateSettings
+from eagle3.vllm_env import apply_vllm_env
 from eagle3.vllm_version import require_vllm
 
 
@@ -44,16 +46,23 @@ def spec_decode_counts(metrics: list[Any], k: int) -> dict[str, Any]:
 
 
 def llm_kwargs(target: str, export_dir: Path, k: int, dtype: str, trust_remote_code: bool,
-               tensor_parallel_size: int) -> dict[str, Any]:
-    """Arguments of ``vllm.LLM`` (0.22.1-0.34.x) serving the target with the exported drafter (pure)."""
-    return {
+               tensor_parallel_size: int, engine: VllmEvaluateSettings | None = None) -> dict[str, Any]:
+    """Arguments of ``vllm.LLM`` (0.22.1-0.34.x) serving the target with the exported drafter (pure);
+    ``engine``: evaluate.vllm (its ``tensor_parallel_size`` resolved by the caller)."""
+    engine = engine or VllmEvaluateSettings()
+    kwargs = {
         "model": target,
         "dtype": dtype,  # target.dtype resolved as extract resolved it: the hidden states the drafter learned
         "trust_remote_code": trust_remote_code,
         "tensor_parallel_size": tensor_parallel_size,
+        "gpu_memory_utilization": engine.gpu_memory_utilization,
+        "enforce_eager": engine.enforce_eager,
         "speculative_config": {"method": "eagle3", "model": str(export_dir), "num_speculative_tokens": k},
         "disable_log_stats": False,
     }
+    if engine.max_model_len is not None:
+        kwargs["max_model_len"] = engine.max_model_len
+    return kwargs
 
 
 def load_llm_class() -> tuple[Any, Any]:
@@ -66,13 +75,16 @@ def load_llm_class() -> tuple[Any, Any]:
 
 
 def run_vllm(target: str, export_dir: Path, prompts: list[list[int]], k: int, max_new_tokens: int,
-             trust_remote_code: bool, dtype: str) -> dict[str, Any]:
+             trust_remote_code: bool, dtype: str, engine: VllmEvaluateSettings | None = None) -> dict[str, Any]:
     """Generate greedily with EAGLE-3 speculation in vLLM, the target in ``dtype``; return its acceptance counters."""
     require_vllm("evaluate.engine=vllm")
     llm_cls, params_cls = load_llm_class()
     import torch
 
-    llm = llm_cls(**llm_kwargs(target, export_dir, k, dtype, trust_remote_code, torch.cuda.device_count()))
+    engine = engine or VllmEvaluateSettings()
+    tp = engine.tensor_parallel_size or max(torch.cuda.device_count(), 1)
+    apply_vllm_env()
+    llm = llm_cls(**llm_kwargs(target, export_dir, k, dtype, trust_remote_code, tp, engine))
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                            params_cls(temperature=0.0, max_tokens=max_new_tokens))
     counts = spec_decode_counts(llm.get_metrics(), k)

@@ -21,6 +21,10 @@ What vLLM does, read from each release's source:
 - A whole prompt is saved from one forward step: chunked prefill must be off (the docs say
   so) and prefix caching too (a cached prefix is not recomputed, so its states would be
   missing from the step), and a batch must hold the longest sample.
+- MLA targets (DeepseekV2/V3, Kimi-K2.5) need nothing else: the cache-only layer's
+  ``HiddenStateCacheSpec`` has no ``cache_dtype_str`` and MLA layers' specs have one, so
+  ``MLAAttentionSpec.merge`` (which compares that, not the head shape) refuses to merge them and
+  the KV-cache planner keeps the layer's own [len(ids), H] shape (same code in every release).
 
 The final hidden state (after the target's final norm, as the ``hf`` engine stores it):
 
@@ -60,6 +64,7 @@ from eagle3.extract.run import ShardStats, shard_buffers, to_storage
 from eagle3.extract.shards import HiddenShard
 from eagle3.extract.vllm_plugin import FINAL_HIDDEN_ENV
 from eagle3.targets.aux_layers import family_names, target_family, vllm_captures_final, vllm_extract_ids
+from eagle3.vllm_env import apply_vllm_env
 
 CONNECTOR = "ExampleHiddenStatesConnector"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
@@ -217,6 +222,7 @@ def open_llm(cfg: Any, model: str, config: Any, aux_layer_ids: list[int], max_mo
     else:
         os.environ[FINAL_HIDDEN_ENV] = "1"  # read by eagle3.extract.vllm_plugin in vLLM's processes
         os.environ[V2_RUNNER_ENV] = "0"  # the plugin hooks Model Runner V1, which these releases run it on
+    apply_vllm_env()
     llm_cls, params_cls = load_llm_class()
     v = cfg.extract.vllm
     storage = Path(v.hidden_states_dir)

@@ -46,13 +46,13 @@ def serve_command(cfg: PipelineConfig) -> list[str]:
     """The server container's command: ``vllm serve …`` written out, or the eagle3 launcher."""
     k8s = cfg.kubernetes
     if serve_engine(cfg) == "vllm" and not cfg.target.model.startswith("builtin:"):
-        from eagle3.serve.vllm import vllm_command
+        from eagle3.serve.vllm import IMAGE_VLLM, vllm_command
 
         if cfg.serve.tensor_parallel_size > max(k8s.gpus_per_node, 1):
             raise ConfigError(f"serve.tensor_parallel_size={cfg.serve.tensor_parallel_size} exceeds "
                               f"kubernetes.gpus_per_node={k8s.gpus_per_node}")
         serve = cfg.serve.model_copy(update={"host": "0.0.0.0", "port": cfg.serve.port or 8000})
-        return vllm_command(serve, cfg.target, cfg.target.model) + list(k8s.vllm_args)
+        return vllm_command(serve, cfg.target, cfg.target.model, IMAGE_VLLM) + list(k8s.vllm_args)
     # Built-in targets are built first, and the CPU stand-in is `transformers serve`.
     return ["python", "-m", "eagle3.k8s.serve", "-c", CONFIG_PATH]
 

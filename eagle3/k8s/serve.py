@@ -23,10 +23,12 @@ def server_argv(config_path: str) -> tuple[list[str], dict[str, str]]:
     cfg = load_config(config_path)
     serve = cfg.serve.model_copy(update={"host": "0.0.0.0", "port": cfg.serve.port or 8000})
     if serve_engine(cfg) == "vllm":
-        from eagle3.serve.vllm import check_vllm_version, vllm_command
+        from eagle3.serve.vllm import IMAGE_VLLM, check_vllm_version, vllm_command
+        from eagle3.vllm_env import vllm_env
 
         check_vllm_version()
-        return vllm_command(serve, cfg.target, resolve_target(cfg.target)) + list(cfg.kubernetes.vllm_args), {}
+        argv = vllm_command(serve, cfg.target, resolve_target(cfg.target), IMAGE_VLLM) + list(cfg.kubernetes.vllm_args)
+        return argv, vllm_env()
     from eagle3.serve.local import transformers_serve_command
 
     cmd = transformers_serve_command(cfg.target, serve, device="cpu" if cfg.kubernetes.gpus_per_node == 0 else "auto")

@@ -228,10 +228,12 @@ class LocalBackend(Backend):
         if engine == "vllm":
             from eagle3.serve.vllm import check_vllm_version
             from eagle3.targets.load import resolve_target
+            from eagle3.vllm_env import vllm_env
 
             check_vllm_version()
             model = resolve_target(target)
-            cmd, env, base_url = vllm_command(serve, target, model), {}, f"http://{_client_host(serve.host)}:{serve.port}/v1"
+            cmd, env = vllm_command(serve, target, model), vllm_env()
+            base_url = f"http://{_client_host(serve.host)}:{serve.port}/v1"
         else:
             from transformers.utils import logging as hf_logging
 

@@ -3,6 +3,11 @@
 The command always carries ``--dtype``: :func:`eagle3.targets.load.target_dtype` resolved for
 a GPU where the target's config is at hand, else ``target.dtype`` as set, whose ``auto`` vLLM
 resolves by the very rule ``target_dtype`` follows on a GPU.
+
+Here (the local backend) vLLM's CLI runs as a module of this interpreter: a vLLM installed
+beside the environment (``pip install --target``, docs/airgapped.md) puts no ``vllm`` on PATH.
+``vllm.entrypoints.cli.main`` is the ``vllm`` console script's module, run as ``__main__`` in
+0.22.1-0.34.x. The serve image has ``vllm`` on its PATH: Kubernetes runs :data:`IMAGE_VLLM`.
 """
 
 from __future__ import annotations
@@ -11,9 +16,19 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
+from collections.abc import Sequence
 
 from eagle3.settings.serve import ServeSettings
 from eagle3.settings.target import TargetSettings
+
+VLLM_CLI_MODULE = "vllm.entrypoints.cli.main"
+IMAGE_VLLM = ("vllm",)  # the serve image's entrypoint, on its PATH
+
+
+def local_vllm() -> list[str]:
+    """vLLM's CLI under this interpreter (found wherever this Python finds the ``vllm`` package)."""
+    return [sys.executable, "-m", VLLM_CLI_MODULE]
 
 
 def vllm_installed() -> bool:
@@ -65,9 +80,12 @@ def serve_dtype(target: TargetSettings, model_path: str) -> str:
     return target_dtype(target.model_copy(update={"model": model_path}), "cuda")
 
 
-def vllm_command(serve: ServeSettings, target: TargetSettings, model_path: str) -> list[str]:
-    """``vllm serve MODEL`` with the settings that matter for Kimi-K2.5 on one node."""
-    cmd = ["vllm", "serve", model_path, "--host", serve.host, "--port", str(serve.port),
+def vllm_command(serve: ServeSettings, target: TargetSettings, model_path: str,
+                 launcher: Sequence[str] | None = None) -> list[str]:
+    """``vllm serve MODEL`` with the settings that matter for Kimi-K2.5 on one node; ``launcher`` is
+    what runs vLLM's CLI (default :func:`local_vllm`; :data:`IMAGE_VLLM` in the serve image)."""
+    cmd = [*(local_vllm() if launcher is None else launcher), "serve", model_path, "--host", serve.host,
+           "--port", str(serve.port),
            "--tensor-parallel-size", str(serve.tensor_parallel_size),
            "--served-model-name", target.served_name or model_path]
     if serve.max_model_len:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 ARCHS = ("llama", "deepseek", "kimi")
 # Bump when the recipe changes: cached builds are keyed by it.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 COMPLETE_MARKER = ".eagle3-tiny-target.json"
 
 TOKENIZER_VOCAB = 1000
@@ -153,25 +153,29 @@ def tiny_vocab_size(arch: str, seed: int = 0) -> int:
 
 def tiny_config(arch: str, vocab_size: int, pad_id: int, bos_id: int, eos_id: int):
     common = dict(
-        vocab_size=vocab_size, hidden_size=HIDDEN, num_hidden_layers=NUM_LAYERS, num_attention_heads=4,
+        vocab_size=vocab_size, hidden_size=HIDDEN, num_hidden_layers=NUM_LAYERS,
         max_position_embeddings=MAX_POSITIONS, initializer_range=INIT_STD, rms_norm_eps=1e-6,
         pad_token_id=pad_id, bos_token_id=bos_id, eos_token_id=eos_id, tie_word_embeddings=False,
     )
     if arch == "llama":
         from transformers import LlamaConfig
 
-        return LlamaConfig(intermediate_size=128, num_key_value_heads=2, head_dim=16, **common)
+        return LlamaConfig(intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16, **common)
     if arch in ("deepseek", "kimi"):
         from transformers import DeepseekV3Config
 
         return DeepseekV3Config(
-            intermediate_size=128,
-            num_key_value_heads=4,
-            # MLA: low-rank q and kv, rope and nope parts of the head split as in Kimi-K2.5.
-            q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
-            # MoE: 8 routed experts (top-2 of 2 groups), 1 shared, first layer dense.
+            intermediate_size=128, num_attention_heads=2, num_key_value_heads=2,
+            # MLA: low-rank q and kv, the head split into nope/rope parts with DeepSeek-V3's and Kimi-K2.5's
+            # head dims (128, 64; v 128): vLLM's MLA prefill kernels take only a few (nope, rope, v) shapes.
+            # Two such heads learn the pretraining chats in the seconds it runs (four do not).
+            q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+            # MoE: 8 routed experts (top-2 of 2 groups), 1 shared, first layer dense. The router is
+            # DeepSeek-V3's (sigmoid scores, a correction bias), which transformers always computes;
+            # vLLM reads it from these two fields (its defaults: softmax, no bias).
             n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
             moe_intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+            topk_method="noaux_tc", scoring_func="sigmoid",
             **common,
         )
     raise ValueError(f"unknown tiny target architecture {arch!r}; choose one of {', '.join(ARCHS)}")
@@ -222,6 +226,7 @@ def _build_tiny_kimi(out_dir: Path, seed: int) -> Path:
     model.generation_config = GenerationConfig(bos_token_id=ids[tiny_kimi.BOS], eos_token_id=ids[tiny_kimi.IM_END],
                                                pad_token_id=ids[tiny_kimi.PAD], do_sample=False)
     model.save_pretrained(out_dir)
+    tiny_kimi.write_as_kimi_checkpoint(out_dir)
     return out_dir
 
 

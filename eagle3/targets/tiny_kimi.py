@@ -5,6 +5,9 @@
   at ``model.language_model``, fields in ``text_config`` (vLLM's
   ``model_executor/models/kimi_k25.py`` builds the same: ``language_model`` from
   ``config.text_config`` as a DeepseekV2/V3 model). Tiny widths, real structure.
+- Checkpoint: written as Kimi-K2.5's own is (:func:`write_as_kimi_checkpoint`), which both
+  transformers and vLLM load: its tensor names, architecture name, vision fields and a
+  ``preprocessor_config.json`` with the ``media_proc_cfg`` vLLM builds its image processor from.
 - Tokenizer: tiktoken style, as Kimi ships it: a ``tiktoken.model`` file of base64 token
   bytes and ranks, with Kimi's named special tokens at Kimi's offsets above the base
   vocabulary (163,584 base + 256 special = 163,840 in the real one), the unnamed slots
@@ -122,8 +125,8 @@ def build_tokenizer(out_dir: Path, texts: list[str], vocab_size: int, model_max_
 
     write_tiktoken_tokenizer(out_dir, texts, vocab_size, model_max_length)
     fix_think_tags(out_dir)
-    # No image processor ships with the tiny target (it needs torchvision): the tokenizer is
-    # its processor, which is what `transformers serve` loads for a text-only chat.
+    # No transformers image processor ships with the tiny target (it needs torchvision): the
+    # tokenizer is its processor, which is what `transformers serve` loads for a text-only chat.
     config_path = out_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config["processor_class"] = config["tokenizer_class"]
@@ -144,3 +147,55 @@ def kimi_config(text_config, base: int, num_tokens: int):
         tie_word_embeddings=False, bos_token_id=text_config.bos_token_id, eos_token_id=text_config.eos_token_id,
         pad_token_id=text_config.pad_token_id,
     )
+
+
+# transformers 5 saves kimi_k25 with its load-time renames reversed, and three come out unlike
+# Kimi-K2.5's checkpoint (which vLLM's KimiK25 loader reads; transformers loads either):
+# (saved name prefix, Kimi-K2.5's).
+_KIMI_PREFIXES = (
+    ("language_model.model.blocks.", "language_model.model.layers."),
+    ("model.mm_projector.", "mm_projector."),
+    ("vision_tower.encoder.patch_embed.", "vision_tower.patch_embed."),
+)
+# What vLLM's Kimi image processor reads from preprocessor_config.json (Kimi-K2.5 ships one); vLLM
+# builds it at start-up even for text-only use. Small limits: an image is at most 64 tokens.
+MEDIA_PROC_CFG = {
+    "in_patch_limit": 256, "patch_size": 14, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "merge_kernel_size": 2, "fixed_output_tokens": None, "patch_limit_on_one_side": 16,
+    "in_patch_limit_each_frame": 256, "in_patch_limit_video": None, "sample_fps": 2.0,
+    "max_num_frames_each_video": None, "temporal_merge_kernel_size": 4, "timestamp_mode": "hh:mm:ss.fff",
+}
+ARCHITECTURE = "KimiK25ForConditionalGeneration"  # Kimi-K2.5's config.json (vLLM's registry name)
+
+
+def kimi_tensor_name(saved: str) -> str:
+    """The name Kimi-K2.5's checkpoint gives a tensor transformers saved as ``saved``."""
+    for old, new in _KIMI_PREFIXES:
+        if saved.startswith(old):
+            return new + saved[len(old):]
+    return saved
+
+
+def write_as_kimi_checkpoint(out_dir: Path) -> None:
+    """Rewrite a saved tiny Kimi model in place as Kimi-K2.5's checkpoint is laid out.
+
+    - Tensor names as Kimi-K2.5's (:func:`kimi_tensor_name`).
+    - ``architectures``: ``KimiK25ForConditionalGeneration``; vLLM's config reads the image
+      token as ``media_placeholder_token_id`` and the vision position grid as
+      ``init_pos_emb_{height,width,time}``: both spellings are kept.
+    - ``preprocessor_config.json`` with :data:`MEDIA_PROC_CFG`.
+    """
+    from safetensors.torch import load_file, save_file
+
+    weights = out_dir / "model.safetensors"
+    tensors = load_file(weights)
+    save_file({kimi_tensor_name(k): v for k, v in tensors.items()}, weights, metadata={"format": "pt"})
+    path = out_dir / "config.json"
+    config = json.loads(path.read_text())
+    config["architectures"] = [ARCHITECTURE]
+    config["media_placeholder_token_id"] = config["image_token_id"]
+    vision = config["vision_config"]
+    for axis in ("height", "width", "time"):
+        vision[f"init_pos_emb_{axis}"] = vision[f"pos_emb_{axis}"]
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out_dir / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": MEDIA_PROC_CFG}, indent=2) + "\n")

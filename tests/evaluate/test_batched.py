@@ -70,7 +70,8 @@ def batched_equals_one_at_a_time(target, drafter, d2t, prompts, k, max_new, eos=
 def setup(request, tiny_target_dir):
     target = AutoModelForCausalLM.from_pretrained(tiny_target_dir(request.param), dtype=torch.float32).eval()
     seen = [prompt(s, 4 + 5 * s) for s in range(SEEN)]  # lengths 4, 9, .., 24
-    drafter, d2t = drafter_trained_on_greedy(target, seen)
+    # Fitted short of memorising: partly accepted chains too, on both tiny targets.
+    drafter, d2t = drafter_trained_on_greedy(target, seen, steps=30)
     return target, drafter, d2t, seen + [prompt(99, 11)]
 
 

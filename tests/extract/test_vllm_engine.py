@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3 import vllm_version
+from eagle3 import vllm_env, vllm_version
 from eagle3.context import run_stage
 from eagle3.errors import StageError
 from eagle3.extract import vllm_engine, vllm_plugin
@@ -33,7 +33,7 @@ def _clear_env(monkeypatch, *names: str) -> None:
 def vllm(monkeypatch):
     """Selects the vLLM release the doubles follow (``vllm("0.26.0")``) and installs it."""
     VllmLLMDouble.instances.clear()
-    _clear_env(monkeypatch, vllm_plugin.FINAL_HIDDEN_ENV, vllm_engine.V2_RUNNER_ENV)
+    _clear_env(monkeypatch, vllm_plugin.FINAL_HIDDEN_ENV, vllm_engine.V2_RUNNER_ENV, vllm_env.FLASHINFER_SAMPLER_ENV)
     monkeypatch.setattr(vllm_engine, "load_llm_class", lambda: (VllmLLMDouble, SamplingParamsDouble))
 
     def use(version: str) -> type[VllmLLMDouble]:  # a machine with this vLLM: a fresh environment
@@ -94,6 +94,15 @@ def test_every_release_writes_the_shards_the_hf_engine_writes(tmp_path, tiny_tar
     got, want = (load_file(str(s.local_path(key_of(s, "t", "extract", "target_head.safetensors"))))
                  for s in (store, hf_store))
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+
+
+@pytest.mark.parametrize("installed, want", [(False, "0"), (True, None)])
+def test_the_flashinfer_sampler_is_off_where_flashinfer_is_missing(tmp_path, tiny_target_dir, vllm, monkeypatch,
+                                                                   installed, want):
+    monkeypatch.setattr(vllm_env, "flashinfer_installed", lambda: installed)
+    vllm("0.26.0")
+    _extract(tmp_path, tiny_target_dir("llama"), "x", random_samples(2, vocab=1000), **{"extract.engine": "vllm"})
+    assert os.environ.get(vllm_env.FLASHINFER_SAMPLER_ENV) == want  # set before vllm.LLM: its processes inherit it
 
 
 def test_the_dtype_reaches_vllm_and_auto_is_vllms_own_rule(tmp_path, tiny_target_dir, vllm):

@@ -38,6 +38,10 @@ def test_deepseek_has_mla_and_moe(tiny_deepseek_dir):
     assert cfg.q_lora_rank and cfg.kv_lora_rank and cfg.qk_rope_head_dim and cfg.qk_nope_head_dim
     assert cfg.n_routed_experts > cfg.num_experts_per_tok >= 2
     assert 0 < cfg.first_k_dense_replace < cfg.num_hidden_layers
+    # DeepSeek-V3's head dims (vLLM's MLA prefill kernels take a few shapes) and router (transformers
+    # computes sigmoid + correction bias; vLLM reads these fields, its defaults being softmax, no bias).
+    assert (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim) == (128, 64, 128)
+    assert (cfg.topk_method, cfg.scoring_func) == ("noaux_tc", "sigmoid")
 
 
 def test_chat_template_renders_reasoning_and_generation_prompt(tiny_llama_dir):

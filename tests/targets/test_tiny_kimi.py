@@ -40,6 +40,58 @@ def test_structure_tokenizer_and_template(tiny_target_dir):
 
 
 
+def test_built_as_kimi_k25s_checkpoint_is_laid_out(tiny_target_dir):
+    """What vLLM's KimiK25 model reads: Kimi-K2.5's names for the architecture, the tensors, the image
+    token and the vision grid; a media_proc_cfg; MLA head dims its prefill kernels take; DeepSeek-V3's router."""
+    from safetensors import safe_open
+    from transformers import AutoProcessor
+
+    d = tiny_target_dir("kimi")
+    config = json.loads((d / "config.json").read_text())
+    assert config["architectures"] == ["KimiK25ForConditionalGeneration"]
+    assert config["media_placeholder_token_id"] == config["image_token_id"]
+    vision, text = config["vision_config"], config["text_config"]
+    assert all(vision[f"init_pos_emb_{a}"] == vision[f"pos_emb_{a}"] for a in ("height", "width", "time"))
+    assert (text["qk_nope_head_dim"], text["qk_rope_head_dim"], text["v_head_dim"]) == (128, 64, 128)
+    assert (text["topk_method"], text["scoring_func"]) == ("noaux_tc", "sigmoid")
+    media = json.loads((d / "preprocessor_config.json").read_text())["media_proc_cfg"]
+    assert media["patch_size"] == vision["patch_size"] and media["merge_kernel_size"] == 2
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    assert "language_model.model.layers.0.self_attn.kv_b_proj.weight" in names
+    assert "language_model.model.layers.1.mlp.gate.e_score_correction_bias" in names
+    assert {"mm_projector.pre_norm.weight", "vision_tower.patch_embed.proj.weight"} <= names
+    assert not [n for n in names if n.startswith(("model.", "vision_tower.encoder.patch_embed.")) or ".blocks." in n
+                and n.startswith("language_model.")]
+    assert type(AutoProcessor.from_pretrained(d)).__name__ == "TokenizersBackend"  # the tokenizer, as before
+
+
+def test_kimi_layout_loads_to_the_tensors_transformers_saved(tmp_path):
+    """The rewritten checkpoint loads in transformers to exactly the model it saved."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from eagle3.targets.tiny import tiny_config
+    from eagle3.targets.tiny_kimi import kimi_config, write_as_kimi_checkpoint
+
+    torch.manual_seed(0)
+    config = kimi_config(tiny_config("kimi", 300, 299, 298, 297), 40, 300)
+    saved, kimi = tmp_path / "saved", tmp_path / "kimi"
+    AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(saved)
+    shutil.copytree(saved, kimi)
+    write_as_kimi_checkpoint(kimi)
+    a, b = (AutoModelForImageTextToText.from_pretrained(p, dtype=torch.float32).eval() for p in (saved, kimi))
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    assert [k for k in sa if not torch.equal(sa[k], sb[k])] == []
+    ids = torch.randint(0, 300, (1, 12))
+    with torch.no_grad():
+        assert torch.equal(a(input_ids=ids).logits, b(input_ids=ids).logits)
+
+
+
 @pytest.mark.slow
 def test_tiny_kimi_pipeline_end_to_end(tmp_path, tiny_cache_dir):
     cfg = yaml.safe_load(EXAMPLE.read_text())
