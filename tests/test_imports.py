@@ -15,7 +15,7 @@ ROOT = Path(eagle3.__file__).parent
 # and those below it. The stage packages follow the DAG.
 LAYERS: list[set[str]] = [
     {"errors", "signals", "processes", "progress"},
-    {"store", "settings", "vllm_version"},
+    {"store", "settings", "vllm_version", "vllm_env"},
     {"config", "inputs", "drafter"},
     {"stages"},
     {"manifest"},
